@@ -1,0 +1,151 @@
+"""Validation of command fields and of topic / group configuration.
+
+Pure functions that either return a clean value or raise ``InvalidArgument`` / ``InvalidName``
+naming the field. The state machine calls them before it mutates anything, so a bad command
+changes nothing on any replica.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from raftq.cluster.errors import InvalidArgument, InvalidName
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_TIMEOUT_S = 12 * 3600
+MAX_DELAY_S = 14 * 24 * 3600
+MAX_BACKOFF_STEPS = 32
+MAX_KEY_LEN = 256
+MAX_HEADERS = 64
+MAX_HEADER_LEN = 4096
+MAX_RECEIVE = 1000
+
+TOPIC_DEFAULTS: dict[str, Any] = {
+    "max_messages": 10_000_000,
+    "max_bytes": 1 << 30,
+    "max_message_bytes": 1 << 20,
+    "overflow": "reject",
+    "max_age": None,
+    "dedup_window": 120,
+}
+GROUP_DEFAULTS: dict[str, Any] = {
+    "visibility_timeout": 30,
+    "max_attempts": 5,
+    "backoff": [],
+}
+TOPIC_FIELDS = frozenset(TOPIC_DEFAULTS)
+GROUP_FIELDS = frozenset([*GROUP_DEFAULTS, "dead_letter_topic"])
+
+
+def name(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise InvalidName(
+            f"{field} must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}, got {value!r}",
+            field=field,
+            name=value if isinstance(value, str) else repr(value),
+        )
+    return value
+
+
+def integer(value: Any, field: str, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{field} must be an integer", field=field)
+    if value < lo or (hi is not None and value > hi):
+        bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
+        raise InvalidArgument(f"{field} must be {bound}, got {value}", field=field)
+    return value
+
+
+def seconds_ms(value: Any, field: str, lo: float, hi: float) -> int:
+    """A duration given in seconds (int or float), returned in whole milliseconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise InvalidArgument(f"{field} must be a number of seconds", field=field)
+    if value < lo or value > hi:
+        raise InvalidArgument(f"{field} must be between {lo} and {hi} seconds", field=field)
+    return int(round(value * 1000))
+
+
+def string(value: Any, field: str, max_len: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{field} must be a string", field=field)
+    if len(value) > max_len:
+        raise InvalidArgument(f"{field} is longer than {max_len} characters", field=field)
+    return value
+
+
+def headers(value: Any, field: str = "headers") -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{field} must be a map of string to string", field=field)
+    if len(value) > MAX_HEADERS:
+        raise InvalidArgument(f"{field} has more than {MAX_HEADERS} entries", field=field)
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidArgument(f"{field} must be a map of string to string", field=field)
+        if len(k) > MAX_HEADER_LEN or len(v) > MAX_HEADER_LEN:
+            raise InvalidArgument(f"{field} entry longer than {MAX_HEADER_LEN}", field=field)
+    return value or None
+
+
+def mapping(value: Any, field: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{field} must be a map", field=field)
+    return value
+
+
+def _unknown(cfg: Mapping[str, Any], allowed: frozenset[str], field: str) -> None:
+    extra = sorted(str(k) for k in cfg if k not in allowed)
+    if extra:
+        raise InvalidArgument(f"unknown {field} field(s): {', '.join(extra)}", field=extra[0])
+
+
+def topic_config(cfg: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Merge ``cfg`` over ``base`` (or the defaults) and validate the result."""
+    _unknown(cfg, TOPIC_FIELDS, "topic config")
+    out = dict(base if base is not None else TOPIC_DEFAULTS)
+    out.update(cfg)
+    for f in ("max_messages", "max_bytes"):
+        if out[f] is not None:
+            integer(out[f], f, 1)
+    integer(out["max_message_bytes"], "max_message_bytes", 1, 64 << 20)
+    if out["max_bytes"] is not None and out["max_message_bytes"] > out["max_bytes"]:
+        raise InvalidArgument(
+            "max_message_bytes must not exceed max_bytes", field="max_message_bytes"
+        )
+    if out["overflow"] not in ("reject", "drop_oldest"):
+        raise InvalidArgument("overflow must be 'reject' or 'drop_oldest'", field="overflow")
+    if out["max_age"] is not None:
+        seconds_ms(out["max_age"], "max_age", 0.001, 10 * 365 * 86400)
+    seconds_ms(out["dedup_window"], "dedup_window", 0, 7 * 86400)
+    return out
+
+
+def group_config(
+    topic: str, cfg: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    _unknown(cfg, GROUP_FIELDS, "group config")
+    out = dict(base if base is not None else GROUP_DEFAULTS)
+    if base is None:
+        out["dead_letter_topic"] = f"{topic}.dlq"
+    out.update(cfg)
+    seconds_ms(out["visibility_timeout"], "visibility_timeout", 0.001, MAX_TIMEOUT_S)
+    integer(out["max_attempts"], "max_attempts", 0, 1_000_000)
+    backoff = out["backoff"]
+    if not isinstance(backoff, list | tuple) or len(backoff) > MAX_BACKOFF_STEPS:
+        raise InvalidArgument(
+            f"backoff must be a list of at most {MAX_BACKOFF_STEPS} durations", field="backoff"
+        )
+    for step in backoff:
+        seconds_ms(step, "backoff", 0, MAX_TIMEOUT_S)
+    out["backoff"] = list(backoff)
+    dlq = out["dead_letter_topic"]
+    if dlq is not None:
+        name(dlq, "dead_letter_topic")
+        if dlq == topic:
+            raise InvalidArgument(
+                "dead_letter_topic must differ from the topic", field="dead_letter_topic"
+            )
+    return out
