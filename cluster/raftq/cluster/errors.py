@@ -104,9 +104,8 @@ def _all_subclasses(cls: type[BrokerError]) -> list[type[BrokerError]]:
     return out
 
 
-ERRORS_BY_CODE: dict[str, type[BrokerError]] = {
-    cls.code: cls for cls in [BrokerError, *_all_subclasses(BrokerError)]
-}
+_ALL_ERRORS: list[type[BrokerError]] = [BrokerError, *_all_subclasses(BrokerError)]
+ERRORS_BY_CODE: dict[str, type[BrokerError]] = {cls.code: cls for cls in _ALL_ERRORS}
 
 
 def from_wire(data: dict[str, Any]) -> BrokerError:

@@ -158,8 +158,9 @@ def _group(topic: Topic, name: Any) -> Group:
     g = topic.groups.get(name) if isinstance(name, str) else None
     if g is None:
         v.name(name, "group")
-        raise GroupNotFound(f"group {name!r} not found on topic {topic.name!r}",
-                            topic=topic.name, group=name)
+        raise GroupNotFound(
+            f"group {name!r} not found on topic {topic.name!r}", topic=topic.name, group=name
+        )
     return g
 
 
@@ -216,7 +217,8 @@ class Broker:
         if handler is None:
             raise InvalidArgument(f"unknown op {op!r}", field="op")
         self.applied_commands += 1
-        return handler(self, cmd)
+        result: dict[str, Any] = handler(self, cmd)
+        return result
 
     # ------------------------------------------------------------------ time
 
@@ -254,7 +256,7 @@ class Broker:
                 del t.dedup[key]
         max_age = t.config["max_age"]
         if max_age is not None and t.count:
-            limit = now - int(round(max_age * 1000))
+            limit = now - round(max_age * 1000)
             while t.count:
                 seq = t.oldest_seq()
                 m = t.get(seq)
@@ -274,7 +276,7 @@ class Broker:
             if t.config["max_age"] is not None and t.count:
                 m = t.get(t.oldest_seq())
                 if m is not None:
-                    cands.append(m[1] + int(round(t.config["max_age"] * 1000)))
+                    cands.append(m[1] + round(t.config["max_age"] * 1000))
         return min(cands) if cands else None
 
     # ------------------------------------------------------------------ topics and groups
@@ -343,8 +345,9 @@ class Broker:
         if gname in t.groups:
             if cmd.get("if_not_exists"):
                 return {"topic": t.name, "group": gname, "created": False}
-            raise GroupExists(f"group {gname!r} already exists on {t.name!r}",
-                              topic=t.name, group=gname)
+            raise GroupExists(
+                f"group {gname!r} already exists on {t.name!r}", topic=t.name, group=gname
+            )
         cfg = v.group_config(t.name, _config(cmd))
         if start == "earliest":
             g = Group(gname, cfg, t.oldest_seq())
@@ -397,7 +400,7 @@ class Broker:
         max_size = cfg["max_message_bytes"]
         now = self.now
         dedup = t.dedup
-        window = int(round(cfg["dedup_window"] * 1000))
+        window = round(cfg["dedup_window"] * 1000)
         # Validate everything first: a rejected batch stores nothing.
         staged: list[tuple[bytes, dict[str, str] | None, str | None, int]] = []
         batch_keys: dict[str, int] = {}
@@ -413,7 +416,9 @@ class Broker:
             if size > max_size:
                 raise MessageTooLarge(
                     f"messages[{i}] is {size} bytes; topic {t.name!r} allows {max_size}",
-                    size=size, limit=max_size, index=i,
+                    size=size,
+                    limit=max_size,
+                    index=i,
                 )
             hdrs = m.get("headers")
             if hdrs is not None:
@@ -441,13 +446,23 @@ class Broker:
         )
         if over and cfg["overflow"] == "reject":
             raise TopicFull(
-                f"topic {t.name!r} is full", topic=t.name, count=t.count, bytes=t.bytes,
-                max_messages=max_n, max_bytes=max_b,
+                f"topic {t.name!r} is full",
+                topic=t.name,
+                count=t.count,
+                bytes=t.bytes,
+                max_messages=max_n,
+                max_bytes=max_b,
             )
-        if over and ((max_n is not None and n > max_n) or (max_b is not None and add_bytes > max_b)):
+        if over and (
+            (max_n is not None and n > max_n) or (max_b is not None and add_bytes > max_b)
+        ):
             raise TopicFull(
-                f"batch alone exceeds the limits of topic {t.name!r}", topic=t.name,
-                count=t.count, bytes=t.bytes, max_messages=max_n, max_bytes=max_b,
+                f"batch alone exceeds the limits of topic {t.name!r}",
+                topic=t.name,
+                count=t.count,
+                bytes=t.bytes,
+                max_messages=max_n,
+                max_bytes=max_b,
             )
         first = t.next_seq
         if target is not None:
@@ -657,8 +672,9 @@ class Broker:
                 receipt=receipt,
             )
         if entry[1] != mac:
-            raise ReceiptInvalid(f"receipt {receipt!r} does not match its delivery",
-                                 receipt=receipt)
+            raise ReceiptInvalid(
+                f"receipt {receipt!r} does not match its delivery", receipt=receipt
+            )
         return t, g, seq
 
     def _many(self, cmd: Mapping[str, Any]) -> list[Any]:
@@ -757,9 +773,7 @@ class Broker:
         self._unbind(t, g, entry[0], seq)
         if delay_ms is None:
             backoff = g.config["backoff"]
-            delay_ms = (
-                int(round(backoff[min(attempts, len(backoff)) - 1] * 1000)) if backoff else 0
-            )
+            delay_ms = round(backoff[min(attempts, len(backoff)) - 1] * 1000) if backoff else 0
         if delay_ms:
             due = self.now + delay_ms
             g.delayed[seq] = due
@@ -924,7 +938,9 @@ class Broker:
             **{f"{k}_total": c for k, c in g.counters.items()},
         }
 
-    def peek(self, topic: str, from_seq: int | None = None, limit: int = 10) -> list[dict[str, Any]]:
+    def peek(
+        self, topic: str, from_seq: int | None = None, limit: int = 10
+    ) -> list[dict[str, Any]]:
         t = self.topics.get(topic)
         if t is None:
             raise TopicNotFound(f"topic {topic!r} not found", topic=topic)
@@ -934,8 +950,9 @@ class Broker:
         while seq < t.next_seq and len(out) < limit:
             m = t.get(seq)
             if m is not None:
-                out.append({"seq": seq, "payload": m[0], "headers": m[2] or {},
-                            "published_at": m[1]})
+                out.append(
+                    {"seq": seq, "payload": m[0], "headers": m[2] or {}, "published_at": m[1]}
+                )
             seq += 1
         return out
 

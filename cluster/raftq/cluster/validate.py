@@ -64,7 +64,7 @@ def seconds_ms(value: Any, field: str, lo: float, hi: float) -> int:
         raise InvalidArgument(f"{field} must be a number of seconds", field=field)
     if value < lo or value > hi:
         raise InvalidArgument(f"{field} must be between {lo} and {hi} seconds", field=field)
-    return int(round(value * 1000))
+    return round(value * 1000)
 
 
 def string(value: Any, field: str, max_len: int) -> str:
