@@ -1,0 +1,329 @@
+"""``AsyncClient``: the asyncio I/O loop around the pure core in ``_core``.
+
+async with AsyncClient(["http://127.0.0.1:8001", "http://127.0.0.1:8002"]) as c:
+    await c.create_topic("orders", if_not_exists=True)
+    await c.publish("orders", b"hello", headers={"kind": "greeting"})
+    async for msg in c.consume("orders", group="default", prefetch=10):
+        handle(msg.payload)
+        await msg.ack()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from raftq.client import _core as core
+from raftq.client._message import Delivery
+from raftq.client.errors import RaftqError, Unavailable
+
+
+class AsyncMessage(Delivery):
+    """A delivery from ``AsyncClient.consume`` / ``receive``; settle it exactly once."""
+
+    def __init__(self, client: AsyncClient, data: Mapping[str, Any], topic: str, group: str):
+        super().__init__(data, topic, group)
+        self._client = client
+
+    async def ack(self) -> None:
+        await self._client.ack([self.receipt])
+        self.settled = True
+
+    async def nack(self, delay: float | None = None) -> None:
+        await self._client.nack([self.receipt], delay=delay)
+        self.settled = True
+
+    async def extend(self, seconds: float) -> None:
+        await self._client.extend([self.receipt], seconds)
+
+    async def term(self, reason: str = "terminated") -> None:
+        await self._client.term([self.receipt], reason=reason)
+        self.settled = True
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        timeout: float = 30.0,
+        producer_id: str | None = None,
+        fmt: str = core.MSGPACK,
+    ) -> None:
+        self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
+        self.timeout = timeout
+        self.producer = core.Producer(producer_id)
+        self.fmt = fmt
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        et: type[BaseException] | None,
+        e: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=256), auto_decompress=True
+            )
+        return self._session
+
+    # ------------------------------------------------------------------ the I/O loop
+
+    async def request(self, req: core.Request, timeout: float | None = None) -> Any:
+        timeout = self.timeout if timeout is None else timeout
+        end = time.monotonic() + timeout + req.hold
+        wire = core.prepare(req, self.fmt)
+        last: RaftqError | None = None
+        attempt = 0
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise core.deadline_error(last, req, timeout)
+            url = self.endpoints.pick()
+            try:
+                return await self._send(url, wire, remaining)
+            except RaftqError as err:
+                last = err
+                if isinstance(err, Unavailable):
+                    self.endpoints.failed(url)
+                delay = core.retry_delay(err, req, attempt, end - time.monotonic())
+                if delay is None:
+                    raise
+                attempt += 1
+                await asyncio.sleep(delay)
+
+    async def _send(self, url: str, wire: core.Wire, remaining: float) -> Any:
+        target = url + wire.path
+        for _ in range(core.MAX_REDIRECTS + 1):
+            try:
+                async with self._http().request(
+                    wire.method,
+                    target,
+                    data=wire.body,
+                    headers=wire.headers,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=remaining),
+                ) as resp:
+                    leader = resp.headers.get("X-Raftq-Leader")
+                    if core.is_redirect(resp.status) and "Location" in resp.headers:
+                        target = resp.headers["Location"]
+                        self.endpoints.learn(core.normalize_url(target))
+                        continue
+                    data = await resp.read()
+                    if leader:
+                        self.endpoints.learn(leader)
+                    return core.decode(resp.status, resp.content_type, data)
+            except aiohttp.ClientConnectorError as e:
+                raise core.unavailable(url, e, sent=False) from e
+            except (TimeoutError, aiohttp.ClientError) as e:
+                raise core.unavailable(url, e, sent=True) from e
+        raise Unavailable(f"too many redirects from {url}")
+
+    # ------------------------------------------------------------------ cluster
+
+    async def cluster(self) -> Any:
+        body = await self.request(core.Request("GET", "/cluster"))
+        self.endpoints.learn(core.leader_from_cluster(body))
+        return body
+
+    # ------------------------------------------------------------------ topics and groups
+
+    async def create_topic(
+        self,
+        topic: str,
+        config: Mapping[str, Any] | None = None,
+        groups: Sequence[Mapping[str, Any]] | None = None,
+        if_not_exists: bool = False,
+    ) -> Any:
+        body: dict[str, Any] = {"topic": topic}
+        if config:
+            body["config"] = dict(config)
+        if groups is not None:
+            body["groups"] = [dict(g) for g in groups]
+        if if_not_exists:
+            body["if_not_exists"] = True
+        return await self.request(core.Request("POST", "/topics", body, idempotent=False))
+
+    async def list_topics(self) -> list[str]:
+        body = await self.request(core.Request("GET", "/topics"))
+        return list(body["topics"])
+
+    async def topic(self, topic: str) -> Any:
+        return await self.request(core.Request("GET", core.path("topics", topic)))
+
+    async def update_topic(self, topic: str, config: Mapping[str, Any]) -> Any:
+        req = core.Request("PATCH", core.path("topics", topic), {"config": dict(config)})
+        return await self.request(req)
+
+    async def delete_topic(self, topic: str) -> Any:
+        return await self.request(core.Request("DELETE", core.path("topics", topic)))
+
+    async def purge(self, topic: str) -> Any:
+        return await self.request(core.Request("POST", core.path("topics", topic, "purge")))
+
+    async def create_group(
+        self,
+        topic: str,
+        group: str,
+        config: Mapping[str, Any] | None = None,
+        start: str = "latest",
+        if_not_exists: bool = False,
+    ) -> Any:
+        body: dict[str, Any] = {"group": group, "start": start}
+        if config:
+            body["config"] = dict(config)
+        if if_not_exists:
+            body["if_not_exists"] = True
+        req = core.Request("POST", core.path("topics", topic, "groups"), body, idempotent=False)
+        return await self.request(req)
+
+    async def group(self, topic: str, group: str) -> Any:
+        return await self.request(core.Request("GET", core.path("topics", topic, "groups", group)))
+
+    async def update_group(self, topic: str, group: str, config: Mapping[str, Any]) -> Any:
+        p = core.path("topics", topic, "groups", group)
+        return await self.request(core.Request("PATCH", p, {"config": dict(config)}))
+
+    async def delete_group(self, topic: str, group: str) -> Any:
+        p = core.path("topics", topic, "groups", group)
+        return await self.request(core.Request("DELETE", p))
+
+    # ------------------------------------------------------------------ publish
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes | str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        key: str | None = None,
+        delay: float | None = None,
+    ) -> int:
+        """Publish one message; returns its sequence number. Retries are deduplicated."""
+        body = core.message_body(self.producer, payload, headers, key, delay)
+        res = await self.request(core.Request("POST", core.path("topics", topic, "messages"), body))
+        return int(res["seq"])
+
+    async def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
+        """Publish payloads (or dicts with payload/headers/key/delay) as one request."""
+        body = core.batch_body(self.producer, messages)
+        res = await self.request(core.Request("POST", core.path("topics", topic, "publish"), body))
+        return [int(m["seq"]) for m in res["messages"]]
+
+    # ------------------------------------------------------------------ consume
+
+    async def receive(
+        self,
+        topic: str,
+        group: str = "default",
+        *,
+        max: int = 1,
+        wait: float = 0.0,
+        visibility: float | None = None,
+        consumer: str | None = None,
+    ) -> list[AsyncMessage]:
+        body: dict[str, Any] = {"max": max, "wait": wait}
+        if visibility is not None:
+            body["visibility"] = visibility
+        if consumer is not None:
+            body["consumer"] = consumer
+        p = core.path("topics", topic, "groups", group, "receive")
+        res = await self.request(core.Request("POST", p, body, idempotent=False, hold=wait))
+        return [AsyncMessage(self, d, topic, group) for d in res["deliveries"]]
+
+    async def consume(
+        self,
+        topic: str,
+        group: str = "default",
+        *,
+        prefetch: int = 10,
+        wait: float = 20.0,
+        visibility: float | None = None,
+        auto_extend: bool = False,
+    ) -> AsyncIterator[AsyncMessage]:
+        """Yield messages as they come. Leaving the loop releases this consumer's unsettled
+        deliveries at once. With ``auto_extend``, a yielded message's deadline is pushed out
+        while the loop body runs."""
+        consumer = f"{self.producer.id}-{secrets.token_hex(4)}"
+        extender: asyncio.Task[None] | None = None
+        try:
+            while True:
+                batch = await self.receive(
+                    topic, group, max=prefetch, wait=wait, visibility=visibility, consumer=consumer
+                )
+                for msg in batch:
+                    if auto_extend:
+                        extender = asyncio.create_task(self._keep_extending(msg))
+                    try:
+                        yield msg
+                    finally:
+                        if extender is not None:
+                            extender.cancel()
+                            extender = None
+        finally:
+            with contextlib.suppress(RaftqError, asyncio.CancelledError):
+                await asyncio.shield(self.release(consumer))
+
+    async def _keep_extending(self, msg: AsyncMessage) -> None:
+        period = max(0.5, (msg.deadline_ms - time.time() * 1000) / 2000)
+        with contextlib.suppress(RaftqError):
+            while not msg.settled:
+                await asyncio.sleep(period)
+                if not msg.settled:
+                    await msg.extend(period * 2)
+
+    async def ack(self, receipts: Sequence[str]) -> Any:
+        return await self._settle("ack", {"receipts": list(receipts)})
+
+    async def nack(self, receipts: Sequence[str], delay: float | None = None) -> Any:
+        body: dict[str, Any] = {"receipts": list(receipts)}
+        if delay is not None:
+            body["delay"] = delay
+        return await self._settle("nack", body)
+
+    async def extend(self, receipts: Sequence[str], seconds: float) -> Any:
+        return await self._settle("extend", {"receipts": list(receipts), "seconds": seconds})
+
+    async def term(self, receipts: Sequence[str], reason: str = "terminated") -> Any:
+        return await self._settle("term", {"receipts": list(receipts), "reason": reason})
+
+    async def _settle(self, op: str, body: dict[str, Any]) -> Any:
+        res = await self.request(core.Request("POST", "/" + op, body))
+        core.raise_receipt_errors(res, len(body["receipts"]))
+        return res
+
+    async def release(self, consumer: str) -> Any:
+        p = core.path("consumers", consumer, "release")
+        return await self.request(core.Request("POST", p))
+
+    # ------------------------------------------------------------------ dead letters
+
+    async def peek(self, topic: str, from_seq: int | None = None, limit: int = 10) -> list[Any]:
+        p = core.path("topics", topic, "messages") + f"?limit={int(limit)}"
+        if from_seq is not None:
+            p += f"&from_seq={int(from_seq)}"
+        res = await self.request(core.Request("GET", p))
+        return list(res["messages"])
+
+    async def redrive(self, topic: str, max: int = 100) -> Any:
+        p = core.path("topics", topic, "redrive")
+        return await self.request(core.Request("POST", p, {"max": max}, idempotent=False))

@@ -1,0 +1,249 @@
+"""The client's pure core: request building, response decoding, leader choice, retry decisions.
+
+Nothing here does I/O or sleeps. ``AsyncClient`` and ``Client`` run the same loop around it:
+``prepare`` a request, send it to ``Endpoints.pick()``, feed the answer to ``interpret``, and on an
+error ask ``retry_delay`` whether (and after how long) to try again before the deadline.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import random
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import msgpack
+
+from raftq.client.errors import (
+    ProtocolError,
+    RaftqError,
+    RaftqTimeout,
+    Unavailable,
+    UnknownOutcome,
+    error_from_body,
+)
+
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+MAX_REDIRECTS = 3
+BACKOFF_BASE = 0.05
+BACKOFF_CAP = 1.0
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    body: Any = None
+    # Safe to send again when the first try's outcome is unknown (reads; publishes with keys).
+    idempotent: bool = True
+    # Seconds the server may legitimately hold the request (long poll), added to the timeout.
+    hold: float = 0.0
+
+
+@dataclass(frozen=True)
+class Wire:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes | None
+
+
+def path(*parts: str) -> str:
+    return "/" + "/".join(quote(p, safe="") for p in parts)
+
+
+def prepare(req: Request, fmt: str = MSGPACK) -> Wire:
+    headers = {"Accept": fmt}
+    data: bytes | None = None
+    if req.body is not None:
+        if fmt == MSGPACK:
+            data = msgpack.packb(req.body, use_bin_type=True)
+        else:
+            data = json.dumps(_b64_payloads(req.body)).encode()
+        headers["Content-Type"] = fmt
+    return Wire(req.method, req.path, headers, data)
+
+
+def _b64_payloads(obj: Any) -> Any:
+    """JSON has no bytes: payloads travel as base64 strings."""
+    if isinstance(obj, bytes):
+        return base64.b64encode(obj).decode()
+    if isinstance(obj, dict):
+        return {k: _b64_payloads(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_b64_payloads(v) for v in obj]
+    return obj
+
+
+def decode(status: int, content_type: str | None, data: bytes) -> Any:
+    """Decode a response body, or raise the error it carries."""
+    ctype = (content_type or "").split(";")[0].strip()
+    body: Any = None
+    if data:
+        try:
+            if ctype == MSGPACK:
+                body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+            elif ctype == JSON or data[:1] in (b"{", b"["):
+                body = json.loads(data)
+            else:
+                body = data.decode("utf-8", "replace")
+        except (ValueError, msgpack.UnpackException) as e:
+            raise ProtocolError(
+                f"undecodable {ctype or 'response'} body: {e}", status=status
+            ) from e
+    if status >= 400:
+        raise error_from_body(status, body)
+    if ctype == JSON:
+        body = _unb64_deliveries(body)
+    return body
+
+
+def _unb64_deliveries(body: Any) -> Any:
+    if isinstance(body, dict):
+        for key in ("deliveries", "messages"):
+            items = body.get(key)
+            if isinstance(items, list):
+                for m in items:
+                    if isinstance(m, dict) and isinstance(m.get("payload"), str):
+                        m["payload"] = base64.b64decode(m["payload"])
+    return body
+
+
+def is_redirect(status: int) -> bool:
+    return status in (301, 302, 307, 308)
+
+
+def retry_delay(err: RaftqError, req: Request, attempt: int, remaining: float) -> float | None:
+    """Seconds to wait before trying again, or None to raise ``err`` now."""
+    if isinstance(err, UnknownOutcome) and not req.idempotent:
+        return None
+    if not isinstance(err, Unavailable) or remaining <= 0:
+        return None
+    delay: float = min(BACKOFF_CAP, BACKOFF_BASE * (2**attempt)) * random.uniform(0.5, 1.0)
+    return min(delay, remaining)
+
+
+def deadline_error(last: RaftqError | None, req: Request, timeout: float) -> RaftqError:
+    if isinstance(last, UnknownOutcome):
+        return last
+    msg = f"{req.method} {req.path}: no answer within {timeout:.1f} s"
+    if last is not None:
+        msg += f" (last: {last.message})"
+    return RaftqTimeout(msg)
+
+
+@dataclass
+class Endpoints:
+    """Which node to talk to: the known leader first, else the seeds in turn."""
+
+    seeds: list[str]
+    leader: str | None = None
+    _turn: itertools.count[int] = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        if not self.seeds:
+            raise ValueError("at least one server URL is needed")
+        self.seeds = [normalize_url(u) for u in self.seeds]
+
+    def pick(self) -> str:
+        if self.leader is not None:
+            return self.leader
+        return self.seeds[next(self._turn) % len(self.seeds)]
+
+    def failed(self, url: str) -> None:
+        if self.leader == url:
+            self.leader = None
+
+    def learn(self, url: str | None) -> None:
+        """A server named the leader's HTTP address (header or /cluster)."""
+        if url:
+            url = normalize_url(url)
+            self.leader = url
+            if url not in self.seeds:
+                self.seeds.append(url)
+
+
+def normalize_url(url: str) -> str:
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"not a server URL: {url!r}")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def leader_from_cluster(body: Any) -> str | None:
+    """The leader's API URL from a ``GET /cluster`` answer, whatever its nesting."""
+    if not isinstance(body, dict):
+        return None
+    leader = body.get("leader")
+    if isinstance(leader, dict):
+        api = leader.get("api") or leader.get("api_addr")
+        return str(api) if api else None
+    api = body.get("leader_api")
+    return str(api) if api else None
+
+
+class Producer:
+    """Idempotency keys ``<producer id>-<n>``: a retried publish is stored once."""
+
+    def __init__(self, producer_id: str | None = None) -> None:
+        self.id = producer_id or secrets.token_hex(8)
+        self._n = itertools.count(1)
+
+    def key(self) -> str:
+        return f"{self.id}-{next(self._n)}"
+
+
+def message_body(
+    producer: Producer,
+    payload: bytes | str,
+    headers: Mapping[str, str] | None = None,
+    key: str | None = None,
+    delay: float | None = None,
+) -> dict[str, Any]:
+    if isinstance(payload, str):
+        payload = payload.encode()
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise TypeError("payload must be bytes or str")
+    m: dict[str, Any] = {"payload": bytes(payload), "key": key or producer.key()}
+    if headers:
+        m["headers"] = dict(headers)
+    if delay is not None:
+        m["delay"] = delay
+    return m
+
+
+def batch_body(producer: Producer, messages: Sequence[Any]) -> dict[str, Any]:
+    """``messages``: payloads, or dicts with payload / headers / key / delay."""
+    out = []
+    for m in messages:
+        if isinstance(m, Mapping):
+            out.append(
+                message_body(producer, m["payload"], m.get("headers"), m.get("key"), m.get("delay"))
+            )
+        else:
+            out.append(message_body(producer, m))
+    return {"messages": out}
+
+
+def unavailable(url: str, exc: BaseException, sent: bool) -> RaftqError:
+    """Map a transport failure: before the request was sent it is plainly retryable; after, the
+    outcome is unknown."""
+    if sent:
+        return UnknownOutcome(f"{url}: connection lost after sending ({exc!r})")
+    return Unavailable(f"{url}: {exc!r}")
+
+
+def raise_receipt_errors(result: Any, count: int) -> None:
+    """A settle call for one receipt raises that receipt's error; for many, the caller reads
+    ``result["errors"]``."""
+    errors = result.get("errors") if isinstance(result, dict) else None
+    if count == 1 and errors:
+        raise error_from_body(409, errors[0])

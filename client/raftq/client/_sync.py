@@ -1,0 +1,343 @@
+"""``Client``: the blocking twin of ``AsyncClient`` (same core, standard-library HTTP).
+
+    with Client("http://127.0.0.1:8001") as c:
+        c.publish("orders", b"hello")
+        for msg in c.consume("orders", max_messages=1):
+            print(msg.payload)
+            msg.ack()
+
+A ``Client`` is not thread-safe; give each thread its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import secrets
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+from raftq.client import _core as core
+from raftq.client._message import Delivery
+from raftq.client.errors import RaftqError, Unavailable
+
+
+class Message(Delivery):
+    """A delivery from ``Client.consume`` / ``receive``; settle it exactly once."""
+
+    def __init__(self, client: Client, data: Mapping[str, Any], topic: str, group: str):
+        super().__init__(data, topic, group)
+        self._client = client
+
+    def ack(self) -> None:
+        self._client.ack([self.receipt])
+        self.settled = True
+
+    def nack(self, delay: float | None = None) -> None:
+        self._client.nack([self.receipt], delay=delay)
+        self.settled = True
+
+    def extend(self, seconds: float) -> None:
+        self._client.extend([self.receipt], seconds)
+
+    def term(self, reason: str = "terminated") -> None:
+        self._client.term([self.receipt], reason=reason)
+        self.settled = True
+
+
+class Client:
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        timeout: float = 30.0,
+        producer_id: str | None = None,
+        fmt: str = core.MSGPACK,
+    ) -> None:
+        self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
+        self.timeout = timeout
+        self.producer = core.Producer(producer_id)
+        self.fmt = fmt
+        self._conns: dict[str, http.client.HTTPConnection] = {}
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        et: type[BaseException] | None,
+        e: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+
+    # ------------------------------------------------------------------ the I/O loop
+
+    def request(self, req: core.Request, timeout: float | None = None) -> Any:
+        timeout = self.timeout if timeout is None else timeout
+        end = time.monotonic() + timeout + req.hold
+        wire = core.prepare(req, self.fmt)
+        last: RaftqError | None = None
+        attempt = 0
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise core.deadline_error(last, req, timeout)
+            url = self.endpoints.pick()
+            try:
+                return self._send(url, wire, remaining)
+            except RaftqError as err:
+                last = err
+                if isinstance(err, Unavailable):
+                    self.endpoints.failed(url)
+                delay = core.retry_delay(err, req, attempt, end - time.monotonic())
+                if delay is None:
+                    raise
+                attempt += 1
+                time.sleep(delay)
+
+    def _conn(self, base: str, timeout: float) -> http.client.HTTPConnection:
+        conn = self._conns.get(base)
+        if conn is None:
+            parts = urlsplit(base)
+            cls = (
+                http.client.HTTPSConnection
+                if parts.scheme == "https"
+                else http.client.HTTPConnection
+            )
+            conn = cls(parts.netloc, timeout=timeout)
+            self._conns[base] = conn
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
+
+    def _send(self, url: str, wire: core.Wire, remaining: float) -> Any:
+        base, path = url, wire.path
+        redirects = 0
+        fresh_retry = True
+        while True:
+            reused = base in self._conns and self._conns[base].sock is not None
+            conn = self._conn(base, remaining)
+            sent = False
+            try:
+                conn.request(wire.method, path, body=wire.body, headers=wire.headers)
+                sent = True
+                resp = conn.getresponse()
+                data = resp.read()
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                self._conns.pop(base, None)
+                stale = reused and isinstance(
+                    e, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
+                )
+                if stale and fresh_retry:
+                    # The server closed an idle kept-alive socket before reading this request.
+                    fresh_retry = False
+                    continue
+                raise core.unavailable(url, e, sent=sent) from e
+            if resp.getheader("Connection", "").lower() == "close":
+                conn.close()
+                self._conns.pop(base, None)
+            leader = resp.getheader("X-Raftq-Leader")
+            location = resp.getheader("Location")
+            if core.is_redirect(resp.status) and location:
+                redirects += 1
+                if redirects > core.MAX_REDIRECTS:
+                    raise Unavailable(f"too many redirects from {url}")
+                base = core.normalize_url(location)
+                self.endpoints.learn(base)
+                path = urlsplit(location).path or path
+                continue
+            if leader:
+                self.endpoints.learn(leader)
+            return core.decode(resp.status, resp.getheader("Content-Type"), data)
+
+    # ------------------------------------------------------------------ cluster
+
+    def cluster(self) -> Any:
+        body = self.request(core.Request("GET", "/cluster"))
+        self.endpoints.learn(core.leader_from_cluster(body))
+        return body
+
+    # ------------------------------------------------------------------ topics and groups
+
+    def create_topic(
+        self,
+        topic: str,
+        config: Mapping[str, Any] | None = None,
+        groups: Sequence[Mapping[str, Any]] | None = None,
+        if_not_exists: bool = False,
+    ) -> Any:
+        body: dict[str, Any] = {"topic": topic}
+        if config:
+            body["config"] = dict(config)
+        if groups is not None:
+            body["groups"] = [dict(g) for g in groups]
+        if if_not_exists:
+            body["if_not_exists"] = True
+        return self.request(core.Request("POST", "/topics", body, idempotent=False))
+
+    def list_topics(self) -> list[str]:
+        return list(self.request(core.Request("GET", "/topics"))["topics"])
+
+    def topic(self, topic: str) -> Any:
+        return self.request(core.Request("GET", core.path("topics", topic)))
+
+    def update_topic(self, topic: str, config: Mapping[str, Any]) -> Any:
+        req = core.Request("PATCH", core.path("topics", topic), {"config": dict(config)})
+        return self.request(req)
+
+    def delete_topic(self, topic: str) -> Any:
+        return self.request(core.Request("DELETE", core.path("topics", topic)))
+
+    def purge(self, topic: str) -> Any:
+        return self.request(core.Request("POST", core.path("topics", topic, "purge")))
+
+    def create_group(
+        self,
+        topic: str,
+        group: str,
+        config: Mapping[str, Any] | None = None,
+        start: str = "latest",
+        if_not_exists: bool = False,
+    ) -> Any:
+        body: dict[str, Any] = {"group": group, "start": start}
+        if config:
+            body["config"] = dict(config)
+        if if_not_exists:
+            body["if_not_exists"] = True
+        req = core.Request("POST", core.path("topics", topic, "groups"), body, idempotent=False)
+        return self.request(req)
+
+    def group(self, topic: str, group: str) -> Any:
+        return self.request(core.Request("GET", core.path("topics", topic, "groups", group)))
+
+    def update_group(self, topic: str, group: str, config: Mapping[str, Any]) -> Any:
+        p = core.path("topics", topic, "groups", group)
+        return self.request(core.Request("PATCH", p, {"config": dict(config)}))
+
+    def delete_group(self, topic: str, group: str) -> Any:
+        return self.request(core.Request("DELETE", core.path("topics", topic, "groups", group)))
+
+    # ------------------------------------------------------------------ publish
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes | str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        key: str | None = None,
+        delay: float | None = None,
+    ) -> int:
+        body = core.message_body(self.producer, payload, headers, key, delay)
+        res = self.request(core.Request("POST", core.path("topics", topic, "messages"), body))
+        return int(res["seq"])
+
+    def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
+        body = core.batch_body(self.producer, messages)
+        res = self.request(core.Request("POST", core.path("topics", topic, "publish"), body))
+        return [int(m["seq"]) for m in res["messages"]]
+
+    # ------------------------------------------------------------------ consume
+
+    def receive(
+        self,
+        topic: str,
+        group: str = "default",
+        *,
+        max: int = 1,
+        wait: float = 0.0,
+        visibility: float | None = None,
+        consumer: str | None = None,
+    ) -> list[Message]:
+        body: dict[str, Any] = {"max": max, "wait": wait}
+        if visibility is not None:
+            body["visibility"] = visibility
+        if consumer is not None:
+            body["consumer"] = consumer
+        p = core.path("topics", topic, "groups", group, "receive")
+        res = self.request(core.Request("POST", p, body, idempotent=False, hold=wait))
+        return [Message(self, d, topic, group) for d in res["deliveries"]]
+
+    def consume(
+        self,
+        topic: str,
+        group: str = "default",
+        *,
+        prefetch: int = 10,
+        wait: float = 20.0,
+        visibility: float | None = None,
+        max_messages: int | None = None,
+        idle_timeout: float | None = None,
+    ) -> Iterator[Message]:
+        """Yield messages until ``max_messages`` were yielded or nothing came for
+        ``idle_timeout`` seconds (forever by default). Leaving the loop releases this consumer's
+        unsettled deliveries at once."""
+        consumer = f"{self.producer.id}-{secrets.token_hex(4)}"
+        yielded = 0
+        idle_since = time.monotonic()
+        try:
+            while max_messages is None or yielded < max_messages:
+                want = prefetch if max_messages is None else min(prefetch, max_messages - yielded)
+                poll = wait
+                if idle_timeout is not None:
+                    left = idle_timeout - (time.monotonic() - idle_since)
+                    if left <= 0:
+                        return
+                    poll = min(wait, left)
+                batch = self.receive(
+                    topic, group, max=want, wait=poll, visibility=visibility, consumer=consumer
+                )
+                if batch:
+                    idle_since = time.monotonic()
+                for msg in batch:
+                    yielded += 1
+                    yield msg
+        finally:
+            with contextlib.suppress(RaftqError):
+                self.release(consumer)
+
+    def ack(self, receipts: Sequence[str]) -> Any:
+        return self._settle("ack", {"receipts": list(receipts)})
+
+    def nack(self, receipts: Sequence[str], delay: float | None = None) -> Any:
+        body: dict[str, Any] = {"receipts": list(receipts)}
+        if delay is not None:
+            body["delay"] = delay
+        return self._settle("nack", body)
+
+    def extend(self, receipts: Sequence[str], seconds: float) -> Any:
+        return self._settle("extend", {"receipts": list(receipts), "seconds": seconds})
+
+    def term(self, receipts: Sequence[str], reason: str = "terminated") -> Any:
+        return self._settle("term", {"receipts": list(receipts), "reason": reason})
+
+    def _settle(self, op: str, body: dict[str, Any]) -> Any:
+        res = self.request(core.Request("POST", "/" + op, body))
+        core.raise_receipt_errors(res, len(body["receipts"]))
+        return res
+
+    def release(self, consumer: str) -> Any:
+        return self.request(core.Request("POST", core.path("consumers", consumer, "release")))
+
+    # ------------------------------------------------------------------ dead letters
+
+    def peek(self, topic: str, from_seq: int | None = None, limit: int = 10) -> list[Any]:
+        p = core.path("topics", topic, "messages") + f"?limit={int(limit)}"
+        if from_seq is not None:
+            p += f"&from_seq={int(from_seq)}"
+        return list(self.request(core.Request("GET", p))["messages"])
+
+    def redrive(self, topic: str, max: int = 100) -> Any:
+        p = core.path("topics", topic, "redrive")
+        return self.request(core.Request("POST", p, {"max": max}, idempotent=False))

@@ -1,0 +1,156 @@
+"""Exceptions raised by the raftq client.
+
+Every server error arrives as ``{"code", "message", "details"}``; the client maps ``code`` to one
+class below and sets each entry of ``details`` as an attribute (``TopicFull.max_messages``,
+``MessageTooLarge.size``...). Timeouts are also ``TimeoutError``.
+
+    RaftqError                          .code .status .message .details
+    ├── InvalidArgument                 invalid_argument (400)
+    │   ├── InvalidName                 invalid_name
+    │   └── MessageTooLarge             message_too_large (413)
+    ├── NotFound                        (404)
+    │   ├── TopicNotFound               topic_not_found
+    │   └── GroupNotFound               group_not_found
+    ├── Conflict                        (409)
+    │   ├── TopicExists                 topic_exists
+    │   └── GroupExists                 group_exists
+    ├── TopicFull                       topic_full (429)
+    ├── ReceiptError
+    │   ├── ReceiptInvalid              receipt_invalid
+    │   └── ReceiptStale                receipt_stale
+    ├── Unavailable                     no leader / node unreachable (503); safe to retry
+    │   └── RaftqTimeout (+TimeoutError) the overall deadline passed
+    │       └── UnknownOutcome          the server could not tell whether it was applied
+    └── ProtocolError                   the server answered something this client cannot read
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class RaftqError(Exception):
+    code: ClassVar[str] = "error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.details: dict[str, Any] = dict(details or {})
+        for key, value in self.details.items():
+            if not hasattr(type(self), key) and key not in ("message", "status", "details"):
+                setattr(self, key, value)
+
+
+class InvalidArgument(RaftqError):
+    code = "invalid_argument"
+
+
+class InvalidName(InvalidArgument):
+    code = "invalid_name"
+
+
+class MessageTooLarge(InvalidArgument):
+    code = "message_too_large"
+
+
+class NotFound(RaftqError):
+    code = "not_found"
+
+
+class TopicNotFound(NotFound):
+    code = "topic_not_found"
+
+
+class GroupNotFound(NotFound):
+    code = "group_not_found"
+
+
+class Conflict(RaftqError):
+    code = "conflict"
+
+
+class TopicExists(Conflict):
+    code = "topic_exists"
+
+
+class GroupExists(Conflict):
+    code = "group_exists"
+
+
+class TopicFull(RaftqError):
+    code = "topic_full"
+
+
+class ReceiptError(RaftqError):
+    code = "receipt_error"
+
+
+class ReceiptInvalid(ReceiptError):
+    code = "receipt_invalid"
+
+
+class ReceiptStale(ReceiptError):
+    code = "receipt_stale"
+
+
+class Unavailable(RaftqError):
+    code = "unavailable"
+
+
+class RaftqTimeout(Unavailable, TimeoutError):
+    code = "timeout"
+
+
+class UnknownOutcome(RaftqTimeout):
+    code = "unknown_outcome"
+
+
+class ProtocolError(RaftqError):
+    code = "protocol_error"
+
+
+def _walk(cls: type[RaftqError]) -> list[type[RaftqError]]:
+    out: list[type[RaftqError]] = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_walk(sub))
+    return out
+
+
+BY_CODE: dict[str, type[RaftqError]] = {c.code: c for c in _walk(RaftqError)}
+# Codes the server may use that are not classes of their own.
+BY_CODE.update({"not_leader": Unavailable, "no_leader": Unavailable, "queue_full": Unavailable})
+
+
+def error_from_body(status: int, body: Any) -> RaftqError:
+    """Build the exception for an error response (pure; used by both clients)."""
+    if isinstance(body, dict) and isinstance(body.get("code"), str):
+        code = body["code"]
+        cls = BY_CODE.get(code)
+        if cls is None:
+            cls = _by_status(status)
+        details = body.get("details") if isinstance(body.get("details"), dict) else {}
+        return cls(str(body.get("message") or code), status=status, details=details)
+    return _by_status(status)(f"HTTP {status}", status=status)
+
+
+def _by_status(status: int) -> type[RaftqError]:
+    if status == 404:
+        return NotFound
+    if status == 409:
+        return Conflict
+    if status == 413:
+        return MessageTooLarge
+    if status == 429:
+        return TopicFull
+    if status in (502, 503, 504):
+        return Unavailable
+    if 400 <= status < 500:
+        return InvalidArgument
+    return RaftqError

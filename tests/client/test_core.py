@@ -1,0 +1,98 @@
+"""The client's pure core: decoding, error mapping, leader choice and retry decisions."""
+
+from __future__ import annotations
+
+import json
+
+import msgpack
+import pytest
+
+from raftq.client import _core as core
+from raftq.client import errors
+
+
+def test_error_body_maps_code_to_class_with_data_attributes() -> None:
+    body = {"code": "topic_full", "message": "full", "details": {"topic": "t", "max_messages": 3}}
+    with pytest.raises(errors.TopicFull) as info:
+        core.decode(429, core.JSON, json.dumps(body).encode())
+    assert info.value.topic == "t"  # type: ignore[attr-defined]
+    assert info.value.max_messages == 3  # type: ignore[attr-defined]
+    assert info.value.status == 429
+
+
+def test_unknown_code_falls_back_to_the_status_class() -> None:
+    body = {"code": "brand_new_code", "message": "x"}
+    with pytest.raises(errors.NotFound):
+        core.decode(404, core.JSON, json.dumps(body).encode())
+
+
+def test_timeouts_are_also_builtin_timeout_errors() -> None:
+    assert issubclass(errors.RaftqTimeout, TimeoutError)
+    assert issubclass(errors.UnknownOutcome, errors.RaftqError)
+
+
+def test_json_payloads_are_base64_both_ways() -> None:
+    wire = core.prepare(
+        core.Request("POST", "/x", {"messages": [{"payload": b"\x00hi"}]}), core.JSON
+    )
+    assert json.loads(wire.body or b"") == {"messages": [{"payload": "AGhp"}]}
+    body = core.decode(200, core.JSON, b'{"deliveries": [{"payload": "AGhp"}]}')
+    assert body["deliveries"][0]["payload"] == b"\x00hi"
+
+
+def test_msgpack_keeps_raw_bytes() -> None:
+    wire = core.prepare(core.Request("POST", "/x", {"payload": b"\xff"}), core.MSGPACK)
+    assert msgpack.unpackb(wire.body or b"") == {"payload": b"\xff"}
+    assert wire.headers["Content-Type"] == core.MSGPACK
+
+
+def test_undecodable_body_is_a_protocol_error() -> None:
+    with pytest.raises(errors.ProtocolError):
+        core.decode(200, core.JSON, b"{nope")
+
+
+def test_endpoints_prefer_the_learned_leader_and_forget_it_on_failure() -> None:
+    ep = core.Endpoints(["127.0.0.1:1", "http://127.0.0.1:2/"])
+    assert ep.seeds == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert {ep.pick(), ep.pick()} == set(ep.seeds)
+    ep.learn("127.0.0.1:3")
+    assert ep.pick() == "http://127.0.0.1:3"
+    ep.failed("http://127.0.0.1:3")
+    assert ep.pick() in ep.seeds
+
+
+def test_leader_is_read_from_cluster_answers() -> None:
+    assert core.leader_from_cluster({"leader": {"id": "n1", "api": "h:1"}}) == "h:1"
+    assert core.leader_from_cluster({"leader_api": "h:2"}) == "h:2"
+    assert core.leader_from_cluster({"leader": None}) is None
+
+
+def test_unavailable_is_retried_until_the_deadline() -> None:
+    req = core.Request("POST", "/x", idempotent=False)
+    err = errors.Unavailable("down")
+    assert core.retry_delay(err, req, 0, 5.0) is not None
+    assert core.retry_delay(err, req, 10, 0.0) is None
+
+
+def test_unknown_outcome_is_retried_only_when_idempotent() -> None:
+    err = errors.UnknownOutcome("lost")
+    assert core.retry_delay(err, core.Request("POST", "/x", idempotent=False), 0, 5) is None
+    assert core.retry_delay(err, core.Request("POST", "/x", idempotent=True), 0, 5) is not None
+
+
+def test_client_errors_are_never_retried() -> None:
+    assert core.retry_delay(errors.TopicNotFound("x"), core.Request("GET", "/x"), 0, 5) is None
+
+
+def test_every_message_gets_a_distinct_idempotency_key() -> None:
+    p = core.Producer("p1")
+    body = core.batch_body(p, [b"a", "b", {"payload": b"c", "key": "mine"}])
+    assert [m["key"] for m in body["messages"]] == ["p1-1", "p1-2", "mine"]
+    assert body["messages"][1]["payload"] == b"b"
+
+
+def test_single_receipt_settle_raises_its_error() -> None:
+    res = {"acked": 0, "errors": [{"receipt": "r", "code": "receipt_stale", "message": "gone"}]}
+    with pytest.raises(errors.ReceiptStale):
+        core.raise_receipt_errors(res, 1)
+    core.raise_receipt_errors(res, 2)  # many: the caller reads the list
