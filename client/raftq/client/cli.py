@@ -1,0 +1,440 @@
+"""Client subcommands of the ``raftq`` CLI: status, topic, group, publish, consume, dlq.
+
+``raftq.node.cli`` owns the parser and the server commands and calls ``register`` to add these.
+Every command prints a human table by default and JSON with ``--json``; errors are one line on
+stderr. Exit codes: 0 done, 1 the server refused (bad input, not found, full...), 2 usage,
+3 cluster unavailable or timed out, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from raftq.client._sync import Client
+from raftq.client.errors import RaftqError, Unavailable
+
+DEFAULT_URLS = "http://127.0.0.1:8001,http://127.0.0.1:8002,http://127.0.0.1:8003"
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+Handler = Callable[[argparse.Namespace, Client], int]
+
+
+def register(sub: Any) -> None:
+    """Add the client commands to an ``argparse`` subparsers object."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url",
+        default=os.environ.get("RAFTQ_URL", DEFAULT_URLS),
+        help="comma-separated node URLs (env RAFTQ_URL; default: the local 3-node cluster)",
+    )
+    common.add_argument("--json", action="store_true", help="print JSON for scripts")
+    common.add_argument("--timeout", type=float, default=30.0, help="overall seconds per call")
+
+    def cmd(parser: Any, name: str, fn: Handler, help: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = parser.add_parser(name, parents=[common], help=help)
+        p.set_defaults(func=lambda args: run(args, fn))
+        return p
+
+    cmd(sub, "status", _status, "show the cluster: members, roles, leader, indexes")
+
+    topic = sub.add_parser("topic", help="create, list, show, delete or purge topics")
+    tsub = topic.add_subparsers(dest="topic_cmd", required=True)
+    p = cmd(tsub, "create", _topic_create, "create a topic")
+    p.add_argument("topic")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="topic config, e.g. max_messages=1000 overflow=drop_oldest",
+    )
+    p.add_argument("--if-not-exists", action="store_true")
+    cmd(tsub, "list", _topic_list, "list topics")
+    p = cmd(tsub, "show", _topic_show, "show a topic's stats and groups")
+    p.add_argument("topic")
+    p = cmd(tsub, "delete", _topic_delete, "delete a topic and its messages")
+    p.add_argument("topic")
+    p = cmd(tsub, "purge", _topic_purge, "drop every message of a topic")
+    p.add_argument("topic")
+
+    group = sub.add_parser("group", help="create, list, show or delete consumer groups")
+    gsub = group.add_subparsers(dest="group_cmd", required=True)
+    p = cmd(gsub, "create", _group_create, "create a consumer group")
+    p.add_argument("topic")
+    p.add_argument("group")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="group config, e.g. visibility_timeout=60 max_attempts=3 backoff=[1,5]",
+    )
+    p.add_argument("--start", choices=["latest", "earliest"], default="latest")
+    p.add_argument("--if-not-exists", action="store_true")
+    p = cmd(gsub, "list", _group_list, "list a topic's groups")
+    p.add_argument("topic")
+    p = cmd(gsub, "show", _group_show, "show a group's stats")
+    p.add_argument("topic")
+    p.add_argument("group")
+    p = cmd(gsub, "delete", _group_delete, "delete a consumer group")
+    p.add_argument("topic")
+    p.add_argument("group")
+
+    p = cmd(sub, "publish", _publish, "publish messages (arguments, or one per stdin line)")
+    p.add_argument("topic")
+    p.add_argument("messages", nargs="*", help="payloads; none: read lines from stdin")
+    p.add_argument("--header", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--key", help="idempotency key (single message only)")
+    p.add_argument("--delay", type=float, help="seconds before the message becomes available")
+    p.add_argument("--batch", type=int, default=100, help="messages per request from stdin")
+
+    p = cmd(sub, "consume", _consume, "receive messages, print and acknowledge them")
+    p.add_argument("topic")
+    p.add_argument("--group", default="default")
+    p.add_argument("--count", type=int, help="stop after this many messages")
+    p.add_argument("--follow", action="store_true", help="keep waiting for new messages")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=2.0,
+        help="without --follow: stop after this many idle seconds",
+    )
+    p.add_argument("--prefetch", type=int, default=10)
+    p.add_argument(
+        "--no-ack", action="store_true", help="do not acknowledge; deliveries are released on exit"
+    )
+
+    dlq = sub.add_parser("dlq", help="inspect and redrive dead-letter topics")
+    dsub = dlq.add_subparsers(dest="dlq_cmd", required=True)
+    p = cmd(dsub, "peek", _dlq_peek, "show dead letters without consuming them")
+    p.add_argument("topic", help="the dead-letter topic, e.g. orders.dlq")
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--from-seq", type=int)
+    p = cmd(dsub, "redrive", _dlq_redrive, "move dead letters back to their source groups")
+    p.add_argument("topic", help="the dead-letter topic, e.g. orders.dlq")
+    p.add_argument("--max", type=int, default=100)
+
+
+def run(args: argparse.Namespace, fn: Handler) -> int:
+    try:
+        with Client(args.url.split(","), timeout=args.timeout) as client:
+            return fn(args, client)
+    except Unavailable as e:
+        _fail(f"cluster unavailable: {e.message}")
+        return EXIT_UNAVAILABLE
+    except RaftqError as e:
+        _fail(f"{e.code}: {e.message}")
+        return EXIT_REFUSED
+    except (ValueError, TypeError) as e:
+        _fail(str(e))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+def _fail(msg: str) -> None:
+    print(f"raftq: {msg}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------- output
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    cells = [[str(h) for h in header]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def _emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> int:
+    if args.json:
+        print(json.dumps(_jsonable(data), indent=None))
+    else:
+        print(human())
+    return EXIT_OK
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, bytes):
+        try:
+            return obj.decode()
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(obj).decode()}
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def parse_config(items: Iterable[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; values are read as JSON when they parse (numbers, null, lists)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+# ---------------------------------------------------------------------- commands
+
+
+def _status(args: argparse.Namespace, c: Client) -> int:
+    info = c.cluster()
+
+    def human() -> str:
+        members = info.get("members") or {}
+        rows = []
+        items = members.items() if isinstance(members, dict) else enumerate(members)
+        for mid, m in items:
+            m = m if isinstance(m, dict) else {}
+            rows.append(
+                [
+                    m.get("id", mid),
+                    m.get("api"),
+                    m.get("role", ""),
+                    m.get("term", ""),
+                    m.get("commit_index", ""),
+                    m.get("applied_index", ""),
+                    "yes" if m.get("answering", m.get("connected")) else "no",
+                ]
+            )
+        leader = info.get("leader")
+        leader_id = leader.get("id") if isinstance(leader, dict) else info.get("leader_id")
+        head = f"leader: {leader_id or '(none)'}   term: {info.get('term')}"
+        return (
+            head
+            + "\n"
+            + table(rows, ["node", "api", "role", "term", "commit", "applied", "answering"])
+        )
+
+    return _emit(args, info, human)
+
+
+def _topic_create(args: argparse.Namespace, c: Client) -> int:
+    res = c.create_topic(args.topic, parse_config(args.config), if_not_exists=args.if_not_exists)
+    return _emit(
+        args,
+        res,
+        lambda: (
+            f"topic {args.topic} " + ("created" if res.get("created", True) else "already exists")
+        ),
+    )
+
+
+def _topic_list(args: argparse.Namespace, c: Client) -> int:
+    names = c.list_topics()
+    rows = []
+    for n in names:
+        try:
+            s = c.topic(n)
+        except RaftqError:
+            continue
+        rows.append([n, s.get("messages"), s.get("bytes"), len(s.get("groups", []))])
+    cols = ["topic", "messages", "bytes", "groups"]
+    data = [dict(zip(cols, r, strict=True)) for r in rows]
+    return _emit(args, data, lambda: table(rows, cols))
+
+
+def _topic_show(args: argparse.Namespace, c: Client) -> int:
+    s = c.topic(args.topic)
+
+    def human() -> str:
+        head = (
+            f"topic {s['topic']}: {s.get('messages')} messages, {s.get('bytes')} bytes, "
+            f"seq {s.get('first_seq')}..{s.get('last_seq')}, "
+            f"published {s.get('published_total')}"
+        )
+        return head + "\n" + _groups_table(s.get("groups", []))
+
+    return _emit(args, s, human)
+
+
+def _groups_table(groups: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            g.get("group"),
+            g.get("pending"),
+            g.get("in_flight"),
+            g.get("delayed"),
+            g.get("acked_total"),
+            g.get("dead_lettered_total"),
+            g.get("consumers"),
+        ]
+        for g in groups
+    ]
+    return table(rows, ["group", "pending", "in_flight", "delayed", "acked", "dead", "consumers"])
+
+
+def _topic_delete(args: argparse.Namespace, c: Client) -> int:
+    res = c.delete_topic(args.topic)
+    return _emit(args, res, lambda: f"topic {args.topic} deleted")
+
+
+def _topic_purge(args: argparse.Namespace, c: Client) -> int:
+    res = c.purge(args.topic)
+    return _emit(args, res, lambda: f"purged {res.get('purged')} messages from {args.topic}")
+
+
+def _group_create(args: argparse.Namespace, c: Client) -> int:
+    res = c.create_group(
+        args.topic,
+        args.group,
+        parse_config(args.config),
+        start=args.start,
+        if_not_exists=args.if_not_exists,
+    )
+    return _emit(
+        args,
+        res,
+        lambda: (
+            f"group {args.topic}/{args.group} "
+            + ("created" if res.get("created", True) else "already exists")
+        ),
+    )
+
+
+def _group_list(args: argparse.Namespace, c: Client) -> int:
+    s = c.topic(args.topic)
+    groups = s.get("groups", [])
+    return _emit(args, groups, lambda: _groups_table(groups))
+
+
+def _group_show(args: argparse.Namespace, c: Client) -> int:
+    g = c.group(args.topic, args.group)
+    return _emit(args, g, lambda: "\n".join(f"{k}: {v}" for k, v in g.items()))
+
+
+def _group_delete(args: argparse.Namespace, c: Client) -> int:
+    res = c.delete_group(args.topic, args.group)
+    return _emit(args, res, lambda: f"group {args.topic}/{args.group} deleted")
+
+
+def _publish(args: argparse.Namespace, c: Client) -> int:
+    headers = {k: str(v) for k, v in parse_config(args.header).items()} or None
+    if args.messages:
+        if args.key and len(args.messages) != 1:
+            raise ValueError("--key takes exactly one message")
+        seqs = [
+            c.publish(args.topic, m, headers=headers, key=args.key, delay=args.delay)
+            for m in args.messages
+        ]
+        return _emit(args, {"seqs": seqs}, lambda: "\n".join(f"published seq {s}" for s in seqs))
+    if args.batch < 1:
+        raise ValueError("--batch must be at least 1")
+    progress = sys.stderr.isatty() and not args.json
+    total, first, last = 0, None, None
+    started = time.monotonic()
+    batch: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        nonlocal total, first, last
+        if not batch:
+            return
+        seqs = c.publish_batch(args.topic, batch)
+        first = seqs[0] if first is None else first
+        last = seqs[-1]
+        total += len(batch)
+        batch.clear()
+        if progress:
+            rate = total / max(1e-6, time.monotonic() - started)
+            print(f"\rpublished {total} ({rate:,.0f}/s)", end="", file=sys.stderr, flush=True)
+
+    for line in sys.stdin:
+        m: dict[str, Any] = {"payload": line.rstrip("\n").encode()}
+        if headers:
+            m["headers"] = headers
+        if args.delay is not None:
+            m["delay"] = args.delay
+        batch.append(m)
+        if len(batch) >= args.batch:
+            flush()
+    flush()
+    if progress:
+        print(file=sys.stderr)
+    res = {"published": total, "first_seq": first, "last_seq": last}
+    return _emit(args, res, lambda: f"published {total} messages (seq {first}..{last})")
+
+
+def _consume(args: argparse.Namespace, c: Client) -> int:
+    if args.count is not None and args.count < 1:
+        raise ValueError("--count must be at least 1")
+    n = 0
+    for msg in c.consume(
+        args.topic,
+        args.group,
+        prefetch=args.prefetch,
+        wait=20.0 if args.follow else min(args.wait, 20.0),
+        max_messages=args.count,
+        idle_timeout=None if args.follow else args.wait,
+    ):
+        if args.json:
+            print(
+                json.dumps(
+                    _jsonable(
+                        {
+                            "seq": msg.seq,
+                            "attempt": msg.attempt,
+                            "headers": msg.headers,
+                            "payload": msg.payload,
+                        }
+                    )
+                ),
+                flush=True,
+            )
+        else:
+            print(msg.text, flush=True)
+        if not args.no_ack:
+            msg.ack()
+        n += 1
+    if not args.json:
+        print(f"({n} messages)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _dlq_peek(args: argparse.Namespace, c: Client) -> int:
+    msgs = c.peek(args.topic, from_seq=args.from_seq, limit=args.limit)
+
+    def human() -> str:
+        rows = []
+        for m in msgs:
+            h = m.get("headers") or {}
+            text = _jsonable(m.get("payload", b""))
+            rows.append(
+                [
+                    m.get("seq"),
+                    h.get("x-raftq-dlq-topic"),
+                    h.get("x-raftq-dlq-group"),
+                    h.get("x-raftq-dlq-attempts"),
+                    h.get("x-raftq-dlq-reason"),
+                    str(text)[:40],
+                ]
+            )
+        return table(rows, ["seq", "source", "group", "attempts", "reason", "payload"])
+
+    return _emit(args, msgs, human)
+
+
+def _dlq_redrive(args: argparse.Namespace, c: Client) -> int:
+    res = c.redrive(args.topic, max=args.max)
+    return _emit(
+        args,
+        res,
+        lambda: (
+            f"redrove {res.get('redriven')} messages ({res.get('skipped', 0)} skipped: source gone)"
+        ),
+    )
