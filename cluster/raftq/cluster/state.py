@@ -48,6 +48,7 @@ SNAPSHOT_VERSION = 1
 DEFAULT_GROUP = "default"
 DLQ_PREFIX = "x-raftq-dlq-"
 REDRIVE_HEADER = "x-raftq-redrives"
+MAX_RECEIPT_LEN = 600
 
 # A retained message: (payload, published_at_ms, headers or None).
 Msg = tuple[bytes, int, dict[str, str] | None]
@@ -105,7 +106,7 @@ class Topic:
         "counters",
         "created_at",
         "dedup",
-        "dedup_queue",
+        "dedup_heap",
         "first_seq",
         "groups",
         "head",
@@ -128,7 +129,7 @@ class Topic:
         self.bytes = 0
         self.groups: dict[str, Group] = {}
         self.dedup: dict[str, tuple[int, int]] = {}  # key -> (seq, expires_at)
-        self.dedup_queue: deque[tuple[int, str]] = deque()
+        self.dedup_heap: list[tuple[int, str]] = []  # (expires_at, key), lazy deletion
         self.counters: dict[str, int] = dict.fromkeys(TOPIC_COUNTERS, 0)
 
     def get(self, seq: int) -> Msg | None:
@@ -164,9 +165,39 @@ def _group(topic: Topic, name: Any) -> Group:
     return g
 
 
+def _advance_cursor(g: Group, to: int) -> None:
+    """Move the cursor up to ``to`` (everything below it has left the topic), keeping
+    ``skip`` within ``[cursor, next_seq)``; costs at most the distance moved."""
+    skip = g.skip
+    if skip:
+        if to - g.cursor <= len(skip):
+            for s in range(g.cursor, to):
+                skip.discard(s)
+        else:
+            g.skip = {s for s in skip if s >= to}
+    g.cursor = to
+
+
 def _config(cmd: Mapping[str, Any]) -> Mapping[str, Any]:
     cfg = cmd.get("config")
     return {} if cfg is None else v.mapping(cfg, "config")
+
+
+def _pop_due(
+    heap: list[tuple[int, str, str, tuple[int, ...]]], now: int
+) -> list[tuple[int, str, str, int]]:
+    """Pop every entry due at ``now`` and return its items one per seq, sorted."""
+    out: list[tuple[int, str, str, int]] = []
+    pop = heapq.heappop
+    while heap and heap[0][0] <= now:
+        when, tname, gname, seqs = pop(heap)
+        out.extend((when, tname, gname, seq) for seq in seqs)
+    out.sort()
+    return out
+
+
+def _is_num(s: str) -> bool:
+    return 0 < len(s) <= 20 and s.isascii() and s.isdigit()
 
 
 def _mac(token: bytes, seq: int, attempt: int) -> str:
@@ -179,9 +210,10 @@ class Broker:
     def __init__(self) -> None:
         self.now = 0
         self.topics: dict[str, Topic] = {}
-        # (deadline, topic, group, seq) and (due, topic, group, seq); stale entries skipped.
-        self._deadlines: list[tuple[int, str, str, int]] = []
-        self._delays: list[tuple[int, str, str, int]] = []
+        # (deadline, topic, group, seqs) and (due, topic, group, seqs); one entry per receive
+        # batch, stale entries skipped when they fire (lazy deletion).
+        self._deadlines: list[tuple[int, str, str, tuple[int, ...]]] = []
+        self._delays: list[tuple[int, str, str, tuple[int, ...]]] = []
         # consumer -> {(topic, group): None}, to release a consumer's deliveries at once.
         self._consumers: dict[str, dict[tuple[str, str], None]] = {}
         self.applied_commands = 0
@@ -190,6 +222,8 @@ class Broker:
 
     def apply(self, command: Mapping[str, Any]) -> dict[str, Any]:
         """Apply one command (a map with ``op`` and ``now``); raise BrokerError on rejection."""
+        if not isinstance(command, Mapping):
+            raise InvalidArgument("command must be a map", field="command")
         now = command.get("now")
         if isinstance(now, bool) or not isinstance(now, int) or now < 0:
             raise InvalidArgument("command needs an integer 'now' in ms", field="now")
@@ -216,43 +250,48 @@ class Broker:
         handler = _HANDLERS.get(op) if isinstance(op, str) else None
         if handler is None:
             raise InvalidArgument(f"unknown op {op!r}", field="op")
-        self.applied_commands += 1
         result: dict[str, Any] = handler(self, cmd)
+        self.applied_commands += 1
         return result
 
     # ------------------------------------------------------------------ time
 
     def _advance(self, now: int) -> None:
-        """Move time forward (never back) and fire what became due."""
+        """Move time forward (never back) and fire what became due.
+
+        Fired entries are sorted before they are handled: the heaps may hold a different
+        layout on a replica restored from a snapshot, the sorted list of live entries is the
+        same everywhere."""
         if now > self.now:
             self.now = now
         now = self.now
         dl = self._deadlines
-        while dl and dl[0][0] <= now:
-            deadline, tname, gname, seq = heapq.heappop(dl)
-            t = self.topics.get(tname)
-            g = t.groups.get(gname) if t else None
-            entry = g.inflight.get(seq) if g else None
-            if t and g and entry and entry[2] == deadline:
-                g.counters["timed_out"] += 1
-                self._fail(t, g, seq, "visibility_timeout", None)
+        if dl and dl[0][0] <= now:
+            for deadline, tname, gname, seq in _pop_due(dl, now):
+                t = self.topics.get(tname)
+                g = t.groups.get(gname) if t else None
+                entry = g.inflight.get(seq) if g else None
+                if t and g and entry and entry[2] == deadline:
+                    g.counters["timed_out"] += 1
+                    self._fail(t, g, seq, "visibility_timeout", None)
         dq = self._delays
-        while dq and dq[0][0] <= now:
-            due, tname, gname, seq = heapq.heappop(dq)
-            t = self.topics.get(tname)
-            g = t.groups.get(gname) if t else None
-            if g is not None and g.delayed.get(seq) == due:
-                del g.delayed[seq]
-                g.ready.append(seq)
+        if dq and dq[0][0] <= now:
+            for due, tname, gname, seq in _pop_due(dq, now):
+                t = self.topics.get(tname)
+                g = t.groups.get(gname) if t else None
+                if g is not None and g.delayed.get(seq) == due:
+                    del g.delayed[seq]
+                    g.ready.append(seq)
         for t in self.topics.values():
-            self._expire(t, now)
+            if t.dedup_heap or t.config["max_age"] is not None:
+                self._expire(t, now)
 
     def _expire(self, t: Topic, now: int) -> None:
-        q = t.dedup_queue
+        q = t.dedup_heap
         while q and q[0][0] <= now:
-            _, key = q.popleft()
+            exp, key = heapq.heappop(q)
             entry = t.dedup.get(key)
-            if entry is not None and entry[1] <= now:
+            if entry is not None and entry[1] == exp:
                 del t.dedup[key]
         max_age = t.config["max_age"]
         if max_age is not None and t.count:
@@ -272,6 +311,9 @@ class Broker:
             cands.append(self._deadlines[0][0])
         if self._delays:
             cands.append(self._delays[0][0])
+        for t in self.topics.values():
+            if t.dedup_heap:
+                cands.append(t.dedup_heap[0][0])
         for t in self.topics.values():
             if t.config["max_age"] is not None and t.count:
                 m = t.get(t.oldest_seq())
@@ -395,7 +437,6 @@ class Broker:
         msgs_in = cmd.get("messages")
         if not isinstance(msgs_in, list) or not msgs_in:
             raise InvalidArgument("messages must be a non-empty list", field="messages")
-        target = cmd.get("group")  # internal: redrive addresses one group only
         cfg = t.config
         max_size = cfg["max_message_bytes"]
         now = self.now
@@ -465,13 +506,7 @@ class Broker:
                 max_bytes=max_b,
             )
         first = t.next_seq
-        if target is not None:
-            tg = _group(t, target)
-            groups = [tg]
-            others = [g for g in t.groups.values() if g is not tg]
-        else:
-            groups = list(t.groups.values())
-            others = []
+        groups = list(t.groups.values())
         ngroups = len(groups)
         tmsgs, trefs = t.msgs, t.refs
         for payload, hdrs, key, delay_ms in staged:
@@ -482,16 +517,14 @@ class Broker:
             if key is not None and window:
                 exp = now + window
                 dedup[key] = (seq, exp)
-                t.dedup_queue.append((exp, key))
-            for g in others:
-                g.skip.add(seq)
+                heapq.heappush(t.dedup_heap, (exp, key))
             if delay_ms:
                 due = now + delay_ms
                 for g in groups:
                     g.held[seq] = 0
                     g.delayed[seq] = due
                     g.skip.add(seq)
-                    heapq.heappush(self._delays, (due, t.name, g.name, seq))
+                    heapq.heappush(self._delays, (due, t.name, g.name, (seq,)))
         t.count += n
         t.bytes += add_bytes
         t.counters["published"] += n
@@ -513,7 +546,7 @@ class Broker:
 
     def _remove(self, t: Topic, seq: int) -> None:
         """Take a retained message out of the topic and out of every group (retention, overflow,
-        purge, redrive), counting it as dropped in each group that had not settled it."""
+        redrive), counting it as dropped in each group that had not settled it."""
         i = seq - t.first_seq
         m = t.msgs[i]
         if m is None:
@@ -524,23 +557,20 @@ class Broker:
                 g.counters["dropped"] += 1
             elif seq >= g.cursor and seq not in g.skip:
                 g.counters["dropped"] += 1
-                g.skip.add(seq)
+                if seq == g.cursor:
+                    g.cursor += 1
+                else:
+                    g.skip.add(seq)
         t.msgs[i] = None
         t.refs[i] = 0
         t.count -= 1
         t.bytes -= len(m[0])
         if i == t.head:
             t.trim()
-        for g in t.groups.values():
-            self._advance_cursor(t, g)
-
-    def _advance_cursor(self, t: Topic, g: Group) -> None:
-        """Skip the cursor over messages that left the topic's head."""
-        oldest = t.oldest_seq()
-        if g.cursor < oldest:
-            g.cursor = oldest
-            if g.skip:
-                g.skip = {s for s in g.skip if s >= oldest}
+            oldest = t.oldest_seq()
+            for g in t.groups.values():
+                if g.cursor < oldest:
+                    _advance_cursor(g, oldest)
 
     def _settle(self, t: Topic, seq: int) -> None:
         """One group is done with ``seq``; free the message when every group is."""
@@ -624,16 +654,13 @@ class Broker:
             mine = g.by_consumer[consumer] = {}
             self._consumers.setdefault(consumer, {})[(t.name, g.name)] = None
         prefix = f"{t.name}:{g.name}:"
-        push = heapq.heappush
-        deadlines = self._deadlines
-        tname, gname = t.name, g.name
+        heapq.heappush(self._deadlines, (deadline, t.name, g.name, tuple(seqs)))
         for seq in seqs:
             attempt = held[seq] + 1
             held[seq] = attempt
             mac = _mac(token, seq, attempt)
             inflight[seq] = [consumer, mac, deadline]
             mine[seq] = None
-            push(deadlines, (deadline, tname, gname, seq))
             m = t.get(seq)
             assert m is not None
             out.append(
@@ -657,9 +684,9 @@ class Broker:
         """Resolve a receipt to the in-flight delivery it names, or raise."""
         if not isinstance(receipt, str):
             raise ReceiptInvalid("receipt must be a string", receipt=repr(receipt))
-        parts = receipt.split(":")
-        if len(parts) != 5 or not parts[2].isdigit() or not parts[3].isdigit():
-            raise ReceiptInvalid(f"malformed receipt {receipt!r}", receipt=receipt)
+        parts = receipt.split(":") if len(receipt) <= MAX_RECEIPT_LEN else ()
+        if len(parts) != 5 or not _is_num(parts[2]) or not _is_num(parts[3]):
+            raise ReceiptInvalid(f"malformed receipt {receipt[:300]!r}", receipt=receipt[:300])
         tname, gname, s_seq, s_att, mac = parts
         seq, attempt = int(s_seq), int(s_att)
         t = self.topics.get(tname)
@@ -728,7 +755,7 @@ class Broker:
                 errors.append({"receipt": r if isinstance(r, str) else repr(r), **e.to_wire()})
                 continue
             g.inflight[seq][2] = deadline
-            heapq.heappush(self._deadlines, (deadline, t.name, g.name, seq))
+            heapq.heappush(self._deadlines, (deadline, t.name, g.name, (seq,)))
             done += 1
         return {"extended": done, "deadline": deadline, "errors": errors}
 
@@ -777,7 +804,7 @@ class Broker:
         if delay_ms:
             due = self.now + delay_ms
             g.delayed[seq] = due
-            heapq.heappush(self._delays, (due, t.name, g.name, seq))
+            heapq.heappush(self._delays, (due, t.name, g.name, (seq,)))
         else:
             g.ready.append(seq)
         return 0
@@ -827,9 +854,18 @@ class Broker:
         gname = cmd.get("group")
         if gname is None:
             n = t.count
-            for seq in range(t.oldest_seq(), t.next_seq):
-                if t.get(seq) is not None:
-                    self._remove(t, seq)
+            for g in t.groups.values():
+                for seq in list(g.held):
+                    self._unhold(t, g, seq)
+                g.ready.clear()
+                g.skip.clear()
+                g.cursor = t.next_seq
+            t.msgs = []
+            t.refs = []
+            t.first_seq = t.next_seq
+            t.head = 0
+            t.count = 0
+            t.bytes = 0
             t.counters["purged"] += n
             return {"topic": t.name, "purged": n}
         g = _group(t, gname)
@@ -866,7 +902,8 @@ class Broker:
                 skipped += 1
                 continue
             new_hdrs = dict(hdrs)
-            new_hdrs[REDRIVE_HEADER] = str(int(hdrs.get(REDRIVE_HEADER, "0") or 0) + 1)
+            prior = hdrs.get(REDRIVE_HEADER, "")
+            new_hdrs[REDRIVE_HEADER] = str(int(prior) + 1 if _is_num(prior) else 1)
             self._publish_internal(src_t, src_g, m[0], new_hdrs)
             self._remove(d, seq - 1)
             moved += 1
@@ -1018,7 +1055,8 @@ class Broker:
                     t.bytes += len(m[0])
             for k, s, e in dedup:
                 t.dedup[k] = (s, e)
-            t.dedup_queue = deque(sorted((e, k) for k, (_, e) in t.dedup.items()))
+            t.dedup_heap = [(e, k) for k, (_, e) in t.dedup.items()]
+            heapq.heapify(t.dedup_heap)
             t.counters = dict(zip(TOPIC_COUNTERS, tc, strict=True))
             for gname, gcfg, cursor, skip, held, inflight, delayed, ready, gc in groups:
                 g = Group(gname, gcfg, cursor)
@@ -1028,10 +1066,10 @@ class Broker:
                     g.inflight[s] = [consumer, mac, deadline]
                     g.by_consumer.setdefault(consumer, {})[s] = None
                     self._consumers.setdefault(consumer, {})[(name, gname)] = None
-                    self._deadlines.append((deadline, name, gname, s))
+                    self._deadlines.append((deadline, name, gname, (s,)))
                 for s, due in delayed:
                     g.delayed[s] = due
-                    self._delays.append((due, name, gname, s))
+                    self._delays.append((due, name, gname, (s,)))
                 g.ready = deque(ready)
                 g.counters = dict(zip(GROUP_COUNTERS, gc, strict=True))
                 t.groups[gname] = g
