@@ -129,7 +129,8 @@ def group_config(
     _unknown(cfg, GROUP_FIELDS, "group config")
     out = dict(base if base is not None else GROUP_DEFAULTS)
     if base is None:
-        out["dead_letter_topic"] = f"{topic}.dlq"
+        # Cut so that the longest valid topic name still has a valid dead-letter topic.
+        out["dead_letter_topic"] = f"{topic[:124]}.dlq"
     out.update(cfg)
     seconds_ms(out["visibility_timeout"], "visibility_timeout", 0.001, MAX_TIMEOUT_S)
     integer(out["max_attempts"], "max_attempts", 0, 1_000_000)
