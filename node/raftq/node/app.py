@@ -1,0 +1,764 @@
+"""The HTTP API of one node: routes, handlers, leader proxying, long polls, the tick timer.
+
+``build_app(raft, settings)`` returns an aiohttp application bound to anything implementing the
+``raftapi.Raft`` protocol (the real ``RaftNode`` or ``LocalRaft``). Every state change is one
+command submitted to the group-commit ``Batcher`` and answered only after commit and apply. A
+node that is not the leader forwards every broker request to the leader (one hop, marked with
+``X-Raftq-Forwarded``); with no known leader it answers 503 + ``Retry-After``. Handlers never
+read broker state except through ``raft.read`` and never change it except through a proposal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from raftq.cluster import validate
+from raftq.cluster.errors import BrokerError
+from raftq.cluster.state import Broker
+from raftq.node import codec
+from raftq.node.batcher import Batcher
+from raftq.node.httperrors import ApiError
+from raftq.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from raftq.node.metrics import NodeMetrics
+from raftq.node.raftapi import NotLeader, QueueFull, Raft, UnknownOutcome
+
+log = logging.getLogger("raftq.node")
+
+FORWARDED = "X-Raftq-Forwarded"
+LEADER_HEADER = "X-Raftq-Leader"
+MAX_WAIT_S = 20.0
+# Served by every node from its own state; everything else is the leader's business.
+LOCAL_PATHS = frozenset(["/cluster", "/healthz", "/readyz", "/metrics", "/openapi.json"])
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    node_id: str = "n1"
+    max_body: int = 8 << 20
+    batch_max_ops: int = 512
+    batch_max_bytes: int = 4 << 20
+    batch_linger: float = 0.001
+    max_inflight: int = 4
+    propose_timeout: float = 5.0
+    proxy_timeout: float = MAX_WAIT_S + 15.0
+    retry_after: int = 1
+
+
+class LeaderLost(Exception):
+    """The proposal was refused because this node is not (or no longer) the leader: the command
+    was definitely not applied, so the request may be forwarded to the leader."""
+
+
+# ---------------------------------------------------------------------- input checking
+
+NUM = "number"
+INT = "integer"
+STR = "string"
+MAP = "map"
+LIST = "list"
+BOOL = "boolean"
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind == NUM:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == INT:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == STR:
+        return isinstance(value, str)
+    if kind == MAP:
+        return isinstance(value, dict)
+    if kind == LIST:
+        return isinstance(value, list)
+    if kind == BOOL:
+        return isinstance(value, bool)
+    return True  # "any": checked later (payload)
+
+
+def check_fields(
+    body: dict[str, Any], allowed: dict[str, str], required: tuple[str, ...] = (), where: str = ""
+) -> dict[str, Any]:
+    """Reject unknown fields, missing required ones and wrong JSON types, naming the field."""
+    unknown = sorted(str(k) for k in body if k not in allowed)
+    if unknown:
+        raise ApiError(
+            "unknown_field",
+            f"unknown field(s) {where}{', '.join(unknown)}",
+            {"fields": unknown},
+        )
+    for f in required:
+        if body.get(f) is None:
+            raise ApiError("invalid_argument", f"{where}{f} is required", {"field": f})
+    for f, kind in allowed.items():
+        value = body.get(f)
+        if value is not None and not _is(value, kind):
+            raise ApiError("invalid_argument", f"{where}{f} must be a {kind}", {"field": f})
+    return body
+
+
+def _name(value: str, field: str) -> str:
+    try:
+        return validate.name(value, field)
+    except BrokerError as e:
+        raise ApiError.from_wire(e.to_wire()) from None
+
+
+MESSAGE_FIELDS = {"payload": "any", "headers": MAP, "key": STR, "delay": NUM}
+
+
+def _message(m: Any, where: str, msgpack_body: bool) -> tuple[dict[str, Any], int]:
+    if not isinstance(m, dict):
+        raise ApiError("invalid_argument", f"{where} must be a map", {"field": "messages"})
+    check_fields(m, MESSAGE_FIELDS, ("payload",), where + ".")
+    out = dict(m)
+    out["payload"] = codec.payload_in(m["payload"], where + ".payload", msgpack_body)
+    for k in ("headers", "key", "delay"):
+        if out.get(k) is None:
+            out.pop(k, None)
+    return out, len(out["payload"])
+
+
+# ---------------------------------------------------------------------- the API
+
+
+class Api:
+    def __init__(self, raft: Raft, settings: NodeSettings) -> None:
+        self.raft = raft
+        self.settings = settings
+        self.metrics = NodeMetrics(raft)
+        self.batcher = Batcher(
+            raft.propose,
+            max_ops=settings.batch_max_ops,
+            max_bytes=settings.batch_max_bytes,
+            linger=settings.batch_linger,
+            max_inflight=settings.max_inflight,
+            timeout=settings.propose_timeout,
+            on_batch=self.metrics.on_batch,
+        )
+        self.session: aiohttp.ClientSession | None = None
+        self.draining = asyncio.Event()
+        self._applied = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        # consumer id -> number of open connections holding it (long polls, streams)
+        self.held_consumers: dict[str, int] = {}
+        self.started = time.monotonic()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _on_apply(self) -> None:
+        """Called from the Raft thread after each applied entry."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._notify)
+
+    def _notify(self) -> None:
+        ev, self._applied = self._applied, asyncio.Event()
+        ev.set()
+
+    async def _wait_applied(self, timeout: float) -> None:
+        """Wait until the next applied entry (or shutdown) for at most ``timeout`` seconds."""
+        if timeout <= 0:
+            return
+        ev = self._applied
+        waiters = [asyncio.ensure_future(ev.wait()), asyncio.ensure_future(self.draining.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run background work (releases) that must outlive the request that started it."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def call(self, command: dict[str, Any], size: int = 0) -> dict[str, Any]:
+        """Propose one command through group commit; return its result or raise ApiError."""
+        try:
+            result = await self.batcher.submit(command, size)
+        except NotLeader:
+            raise LeaderLost() from None
+        except QueueFull:
+            raise ApiError(
+                "overloaded",
+                "the Raft queue is full; the command was not applied",
+                retry_after=self.settings.retry_after,
+            ) from None
+        except (UnknownOutcome, TimeoutError):
+            raise ApiError(
+                "outcome_unknown",
+                "the command may or may not have been applied (timeout or leader change)",
+            ) from None
+        err = result.get("error")
+        if err is not None:
+            raise ApiError.from_wire(err)
+        return result
+
+    def read(self, fn: Callable[[Broker], Any]) -> Any:
+        try:
+            return self.raft.read(fn)
+        except BrokerError as e:
+            raise ApiError.from_wire(e.to_wire()) from None
+
+    @contextlib.contextmanager
+    def hold_consumer(self, consumer: str) -> Iterator[None]:
+        """Mark a consumer id as owned by an open connection; at shutdown, whatever is still
+        held is released (so its deliveries go back at once instead of timing out)."""
+        self.held_consumers[consumer] = self.held_consumers.get(consumer, 0) + 1
+        try:
+            yield
+        finally:
+            n = self.held_consumers[consumer] - 1
+            if n:
+                self.held_consumers[consumer] = n
+            else:
+                del self.held_consumers[consumer]
+
+    async def release(self, consumer: str) -> None:
+        try:
+            await self.call({"op": "release", "consumer": consumer})
+        except (ApiError, LeaderLost) as e:
+            log.warning("release of consumer %s failed: %s", consumer, e)
+
+    async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
+        self._loop = asyncio.get_running_loop()
+        self.raft.add_apply_listener(self._on_apply)
+        self.session = aiohttp.ClientSession()
+        self.batcher.start()
+        ticker = asyncio.ensure_future(self._ticker())
+        yield
+        self.draining.set()
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+        for consumer in list(self.held_consumers):
+            self.spawn(self.release(consumer))
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=self.settings.propose_timeout + 1)
+        await self.batcher.stop()
+        await self.session.close()
+
+    async def on_shutdown(self, app: web.Application) -> None:
+        # Runs before aiohttp waits for in-flight handlers: make long polls answer now.
+        self.draining.set()
+
+    async def _ticker(self) -> None:
+        """Leader only: propose a ``tick`` when the earliest deadline / delay / retention is due.
+        Re-armed after every applied entry, so there is no fixed-rate scan."""
+        while True:
+            try:
+                if not self.raft.is_leader():
+                    await self._wait_applied(0.25)
+                    continue
+                due = self.raft.read(lambda b: b.next_due())
+                now = time.time() * 1000
+                if due is not None and due <= now:
+                    await self.call({"op": "tick"})
+                    continue
+                wait = 1.0 if due is None else min(1.0, (due - now) / 1000 + 0.001)
+                await self._wait_applied(wait)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # never let the timer die; try again shortly
+                log.debug("tick failed: %r", e)
+                await asyncio.sleep(0.05)
+
+    # ------------------------------------------------------------------ middlewares
+
+    @web.middleware
+    async def errors_mw(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = _route_name(request)
+        t0 = time.perf_counter()
+        status = 500
+        try:
+            resp = await handler(request)
+            status = resp.status
+            return resp
+        except ApiError as e:
+            status = e.status
+            return _error_response(e)
+        except BrokerError as e:
+            err = ApiError.from_wire(e.to_wire())
+            status = err.status
+            return _error_response(err)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            code = {404: "route_not_found", 405: "method_not_allowed"}.get(e.status)
+            if e.status == 413:
+                code = "body_too_large"
+            err = ApiError(code or "malformed_body", e.reason)
+            status = err.status
+            return _error_response(err)
+        except asyncio.CancelledError:
+            status = 499
+            raise
+        except Exception:
+            log.exception("internal error on %s %s", request.method, request.path)
+            return _error_response(ApiError("internal", "internal error; see the node log"))
+        finally:
+            self.metrics.requests.labels(request.method, route, str(status)).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - t0)
+
+    @web.middleware
+    async def leader_mw(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in LOCAL_PATHS or request.match_info.http_exception is not None:
+            return await handler(request)
+        if not self.raft.is_leader():
+            return await self.proxy(request)
+        try:
+            return await handler(request)
+        except LeaderLost:
+            return await self.proxy(request)
+
+    async def proxy(self, request: web.Request) -> web.StreamResponse:
+        """Forward a request to the leader, once; answer its response as is."""
+        if request.headers.get(FORWARDED):
+            raise ApiError(
+                "no_leader",
+                "forwarded to a node that is not the leader",
+                retry_after=self.settings.retry_after,
+            )
+        if self.draining.is_set():
+            raise ApiError(
+                "shutting_down", "this node is shutting down", retry_after=self.settings.retry_after
+            )
+        st = self.raft.status()
+        if not st.leader_api or st.leader_id == st.node_id:
+            raise ApiError(
+                "no_leader",
+                "no leader is known right now; retry shortly",
+                retry_after=self.settings.retry_after,
+            )
+        body = await codec.read_raw(request)
+        headers = {FORWARDED: self.settings.node_id}
+        for h in ("Content-Type", "Accept"):
+            if h in request.headers:
+                headers[h] = request.headers[h]
+        assert self.session is not None
+        url = f"http://{st.leader_api}{request.path_qs}"
+        self.metrics.proxied.inc()
+        try:
+            async with self.session.request(
+                request.method,
+                url,
+                data=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self.settings.proxy_timeout),
+            ) as r:
+                data = await r.read()
+                out = {LEADER_HEADER: st.leader_id or ""}
+                if "Retry-After" in r.headers:
+                    out["Retry-After"] = r.headers["Retry-After"]
+                return web.Response(
+                    status=r.status, body=data, headers=out, content_type=r.content_type
+                )
+        except aiohttp.ClientConnectorError:
+            raise ApiError(
+                "no_leader",
+                f"leader {st.leader_id} at {st.leader_api} is unreachable",
+                {"leader": st.leader_id},
+                retry_after=self.settings.retry_after,
+            ) from None
+        except (aiohttp.ClientError, TimeoutError):
+            if request.method == "GET":
+                raise ApiError("no_leader", "the leader did not answer", retry_after=1) from None
+            raise ApiError(
+                "outcome_unknown",
+                f"lost the connection to leader {st.leader_id}; the request may have been applied",
+                {"leader": st.leader_id},
+            ) from None
+
+    # ------------------------------------------------------------------ topics and groups
+
+    async def list_topics(self, request: web.Request) -> web.StreamResponse:
+        return codec.respond(request, {"topics": self.read(lambda b: b.list_topics())})
+
+    async def create_topic(self, request: web.Request) -> web.StreamResponse:
+        body = check_fields(
+            await codec.read_body(request),
+            {"topic": STR, "config": MAP, "groups": LIST, "if_not_exists": BOOL},
+            ("topic",),
+        )
+        _name(body["topic"], "topic")
+        cmd = {"op": "create_topic", **{k: v for k, v in body.items() if v is not None}}
+        res = await self.call(cmd)
+        return codec.respond(request, res, 201 if res.get("created") else 200)
+
+    async def get_topic(self, request: web.Request) -> web.StreamResponse:
+        topic = _name(request.match_info["topic"], "topic")
+        return codec.respond(request, self.read(lambda b: b.topic_stats(topic)))
+
+    async def update_topic(self, request: web.Request) -> web.StreamResponse:
+        topic = _name(request.match_info["topic"], "topic")
+        body = check_fields(await codec.read_body(request), {"config": MAP}, ("config",))
+        res = await self.call({"op": "update_topic", "topic": topic, "config": body["config"]})
+        return codec.respond(request, res)
+
+    async def delete_topic(self, request: web.Request) -> web.StreamResponse:
+        topic = _name(request.match_info["topic"], "topic")
+        return codec.respond(request, await self.call({"op": "delete_topic", "topic": topic}))
+
+    async def purge_topic(self, request: web.Request) -> web.StreamResponse:
+        topic = _name(request.match_info["topic"], "topic")
+        check_fields(await codec.read_body(request), {})
+        return codec.respond(request, await self.call({"op": "purge", "topic": topic}))
+
+    async def list_groups(self, request: web.Request) -> web.StreamResponse:
+        topic = _name(request.match_info["topic"], "topic")
+        stats = self.read(lambda b: b.topic_stats(topic))
+        return codec.respond(request, {"topic": topic, "groups": stats["groups"]})
+
+    async def create_group(self, request: web.Request) -> web.StreamResponse:
+        topic = _name(request.match_info["topic"], "topic")
+        body = check_fields(
+            await codec.read_body(request),
+            {"group": STR, "config": MAP, "start": STR, "if_not_exists": BOOL},
+            ("group",),
+        )
+        _name(body["group"], "group")
+        cmd = {"op": "create_group", "topic": topic}
+        cmd.update({k: v for k, v in body.items() if v is not None})
+        res = await self.call(cmd)
+        return codec.respond(request, res, 201 if res.get("created") else 200)
+
+    def _tg(self, request: web.Request) -> tuple[str, str]:
+        return (
+            _name(request.match_info["topic"], "topic"),
+            _name(request.match_info["group"], "group"),
+        )
+
+    async def get_group(self, request: web.Request) -> web.StreamResponse:
+        topic, group = self._tg(request)
+        return codec.respond(request, self.read(lambda b: b.group_stats(topic, group)))
+
+    async def update_group(self, request: web.Request) -> web.StreamResponse:
+        topic, group = self._tg(request)
+        body = check_fields(await codec.read_body(request), {"config": MAP}, ("config",))
+        cmd = {"op": "update_group", "topic": topic, "group": group, "config": body["config"]}
+        return codec.respond(request, await self.call(cmd))
+
+    async def delete_group(self, request: web.Request) -> web.StreamResponse:
+        topic, group = self._tg(request)
+        cmd = {"op": "delete_group", "topic": topic, "group": group}
+        return codec.respond(request, await self.call(cmd))
+
+    async def purge_group(self, request: web.Request) -> web.StreamResponse:
+        topic, group = self._tg(request)
+        check_fields(await codec.read_body(request), {})
+        cmd = {"op": "purge", "topic": topic, "group": group}
+        return codec.respond(request, await self.call(cmd))
+
+    # ------------------------------------------------------------------ messages
+
+    async def publish_one(self, request: web.Request) -> web.StreamResponse:
+        topic = _name(request.match_info["topic"], "topic")
+        msg, size = _message(
+            await codec.read_body(request), "message", codec.is_msgpack_request(request)
+        )
+        res = await self.call({"op": "publish", "topic": topic, "messages": [msg]}, size)
+        return codec.respond(request, res["messages"][0])
+
+    async def publish_batch(self, request: web.Request) -> web.StreamResponse:
+        topic = _name(request.match_info["topic"], "topic")
+        body = check_fields(await codec.read_body(request), {"messages": LIST}, ("messages",))
+        if not body["messages"]:
+            raise ApiError("invalid_argument", "messages must not be empty", {"field": "messages"})
+        mp = codec.is_msgpack_request(request)
+        msgs, size = [], 0
+        for i, m in enumerate(body["messages"]):
+            msg, n = _message(m, f"messages[{i}]", mp)
+            msgs.append(msg)
+            size += n
+        res = await self.call({"op": "publish", "topic": topic, "messages": msgs}, size)
+        return codec.respond(request, {"messages": res["messages"]})
+
+    async def peek(self, request: web.Request) -> web.StreamResponse:
+        topic = _name(request.match_info["topic"], "topic")
+        q = request.query
+        unknown = sorted(k for k in q if k not in ("from_seq", "limit"))
+        if unknown:
+            raise ApiError(
+                "unknown_field",
+                f"unknown query parameter(s) {', '.join(unknown)}",
+                {"fields": unknown},
+            )
+        from_seq = _query_int(q.get("from_seq"), "from_seq", None)
+        limit = _query_int(q.get("limit"), "limit", 10)
+        assert limit is not None
+        msgs = self.read(lambda b: b.peek(topic, from_seq, limit))
+        return codec.respond(request, {"topic": topic, "messages": msgs})
+
+    async def redrive(self, request: web.Request) -> web.StreamResponse:
+        topic = _name(request.match_info["topic"], "topic")
+        body = check_fields(await codec.read_body(request), {"max": INT})
+        cmd: dict[str, Any] = {"op": "redrive", "topic": topic}
+        if body.get("max") is not None:
+            cmd["max"] = body["max"]
+        return codec.respond(request, await self.call(cmd))
+
+    async def receive(self, request: web.Request) -> web.StreamResponse:
+        """Long poll: propose a receive; while it comes back empty, wait for applied entries
+        that may have made something deliverable, up to ``wait`` seconds. Deliveries whose
+        connection closes before the response is written are released at once."""
+        topic, group = self._tg(request)
+        body = check_fields(
+            await codec.read_body(request),
+            {"consumer": STR, "max": INT, "wait": NUM, "visibility": NUM},
+        )
+        consumer = body.get("consumer") or f"c-{secrets.token_hex(8)}"
+        if len(consumer) > 256:
+            raise ApiError(
+                "invalid_argument", "consumer is longer than 256 characters", {"field": "consumer"}
+            )
+        wait = body.get("wait") or 0
+        if not 0 <= wait <= MAX_WAIT_S:
+            raise ApiError(
+                "invalid_argument",
+                f"wait must be between 0 and {MAX_WAIT_S} seconds",
+                {"field": "wait"},
+            )
+        cmd: dict[str, Any] = {
+            "op": "receive",
+            "topic": topic,
+            "group": group,
+            "consumer": consumer,
+        }
+        for k in ("max", "visibility"):
+            if body.get(k) is not None:
+                cmd[k] = body[k]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        proposed = False
+        deliveries: list[dict[str, Any]] = []
+        with self.hold_consumer(consumer):
+            try:
+                while True:
+                    proposed = True
+                    res = await self.call({**cmd, "token": secrets.token_bytes(16)})
+                    deliveries = res["deliveries"]
+                    if deliveries or self.draining.is_set():
+                        break
+                    if not await self._wait_deliverable(topic, group, deadline):
+                        break
+                out = {
+                    "consumer": consumer,
+                    "deliveries": [{"topic": topic, "group": group, **d} for d in deliveries],
+                }
+                resp = codec.respond(request, out)
+                transport = request.transport
+                if deliveries and (transport is None or transport.is_closing()):
+                    raise ConnectionResetError("client went away")
+                await resp.prepare(request)
+                await resp.write_eof()
+                return resp
+            except (asyncio.CancelledError, ConnectionError):
+                if proposed:
+                    self.spawn(self.release(consumer))
+                raise
+
+    async def _wait_deliverable(self, topic: str, group: str, deadline: float) -> bool:
+        """Wait until the group may have something to deliver; False when time is up."""
+        loop = asyncio.get_running_loop()
+        while not self.draining.is_set():
+            ev = self._applied
+            if self.raft.read(lambda b: _maybe_ready(b, topic, group)):
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            if ev.is_set():
+                continue
+            await self._wait_applied(remaining)
+        return False
+
+    async def _settle(self, request: web.Request, op: str, extra: dict[str, str]) -> web.Response:
+        allowed = {"receipts": LIST, **extra}
+        required = ("receipts", "seconds") if op == "extend" else ("receipts",)
+        body = check_fields(await codec.read_body(request), allowed, required)
+        if not body["receipts"]:
+            raise ApiError("invalid_argument", "receipts must not be empty", {"field": "receipts"})
+        cmd = {"op": op, **{k: v for k, v in body.items() if v is not None}}
+        return codec.respond(request, await self.call(cmd))
+
+    async def ack(self, request: web.Request) -> web.StreamResponse:
+        return await self._settle(request, "ack", {})
+
+    async def nack(self, request: web.Request) -> web.StreamResponse:
+        return await self._settle(request, "nack", {"delay": NUM})
+
+    async def extend(self, request: web.Request) -> web.StreamResponse:
+        return await self._settle(request, "extend", {"seconds": NUM})
+
+    async def term(self, request: web.Request) -> web.StreamResponse:
+        return await self._settle(request, "term", {"reason": STR})
+
+    async def release_consumer(self, request: web.Request) -> web.StreamResponse:
+        consumer = request.match_info["consumer"]
+        if not consumer or len(consumer) > 256:
+            raise ApiError(
+                "invalid_argument", "consumer must be 1 to 256 characters", {"field": "consumer"}
+            )
+        check_fields(await codec.read_body(request), {})
+        return codec.respond(request, await self.call({"op": "release", "consumer": consumer}))
+
+    # ------------------------------------------------------------------ cluster
+
+    async def cluster(self, request: web.Request) -> web.StreamResponse:
+        st = self.raft.status()
+        members = {k: dict(v) for k, v in st.members.items()}
+        probes = {
+            mid: asyncio.ensure_future(self._probe(m.get("api")))
+            for mid, m in members.items()
+            if not m.get("self")
+        }
+        if probes:
+            await asyncio.wait(probes.values())
+        for mid, m in members.items():
+            m["answers"] = True if m.get("self") else probes[mid].result()
+        return codec.respond(
+            request,
+            {
+                "node": st.node_id,
+                "role": st.role,
+                "leader": st.leader_id,
+                "leader_api": st.leader_api,
+                "term": st.term,
+                "commit_index": st.commit_index,
+                "applied_index": st.applied_index,
+                "members": members,
+            },
+        )
+
+    async def _probe(self, api: str | None) -> bool:
+        if not api or self.session is None:
+            return False
+        try:
+            async with self.session.get(
+                f"http://{api}/healthz", timeout=aiohttp.ClientTimeout(total=0.5)
+            ) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def healthz(self, request: web.Request) -> web.StreamResponse:
+        return codec.respond(request, {"ok": True, "node": self.settings.node_id})
+
+    async def readyz(self, request: web.Request) -> web.StreamResponse:
+        st = self.raft.status()
+        caught_up = st.applied_index >= st.commit_index
+        ready = bool(st.leader_id) and caught_up and not self.draining.is_set()
+        body = {
+            "ready": ready,
+            "leader": st.leader_id,
+            "caught_up": caught_up,
+            "draining": self.draining.is_set(),
+        }
+        return codec.respond(request, body, 200 if ready else 503)
+
+    async def metrics_handler(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
+        )
+
+    async def openapi(self, request: web.Request) -> web.StreamResponse:
+        from raftq.node.openapi import document
+
+        return web.json_response(document())
+
+    # ------------------------------------------------------------------ routes
+
+    def routes(self) -> list[tuple[str, str, Handler]]:
+        tg = "/topics/{topic}/groups/{group}"
+        return [
+            ("GET", "/topics", self.list_topics),
+            ("POST", "/topics", self.create_topic),
+            ("GET", "/topics/{topic}", self.get_topic),
+            ("PATCH", "/topics/{topic}", self.update_topic),
+            ("DELETE", "/topics/{topic}", self.delete_topic),
+            ("POST", "/topics/{topic}/purge", self.purge_topic),
+            ("GET", "/topics/{topic}/groups", self.list_groups),
+            ("POST", "/topics/{topic}/groups", self.create_group),
+            ("GET", tg, self.get_group),
+            ("PATCH", tg, self.update_group),
+            ("DELETE", tg, self.delete_group),
+            ("POST", tg + "/purge", self.purge_group),
+            ("POST", tg + "/receive", self.receive),
+            ("POST", "/topics/{topic}/messages", self.publish_one),
+            ("GET", "/topics/{topic}/messages", self.peek),
+            ("POST", "/topics/{topic}/publish", self.publish_batch),
+            ("POST", "/topics/{topic}/redrive", self.redrive),
+            ("POST", "/ack", self.ack),
+            ("POST", "/nack", self.nack),
+            ("POST", "/extend", self.extend),
+            ("POST", "/term", self.term),
+            ("POST", "/consumers/{consumer}/release", self.release_consumer),
+            ("GET", "/cluster", self.cluster),
+            ("GET", "/healthz", self.healthz),
+            ("GET", "/readyz", self.readyz),
+            ("GET", "/metrics", self.metrics_handler),
+            ("GET", "/openapi.json", self.openapi),
+        ]
+
+
+def _maybe_ready(b: Broker, topic: str, group: str) -> bool:
+    """Cheap over-approximation of "a receive would deliver something" (a false positive only
+    costs one empty receive). A missing topic or group says yes, so the receive reports it."""
+    t = b.topics.get(topic)
+    g = t.groups.get(group) if t is not None else None
+    if t is None or g is None:
+        return True
+    return bool(g.ready) or g.cursor < t.next_seq
+
+
+def _query_int(value: str | None, field: str, default: int | None) -> int | None:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ApiError(
+            "invalid_argument", f"{field} must be an integer", {"field": field}
+        ) from None
+
+
+def _route_name(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+def _error_response(err: ApiError) -> web.Response:
+    # Errors are always JSON (the body is tiny and every client can read it).
+    headers = {"Retry-After": str(int(err.retry_after))} if err.retry_after else None
+    return web.json_response(err.body(), status=err.status, headers=headers)
+
+
+API_KEY: web.AppKey[Api] = web.AppKey("api", Api)
+
+
+def build_app(raft: Raft, settings: NodeSettings | None = None) -> web.Application:
+    settings = settings or NodeSettings()
+    api = Api(raft, settings)
+    app = web.Application(
+        client_max_size=settings.max_body, middlewares=[api.errors_mw, api.leader_mw]
+    )
+    app[API_KEY] = api
+    for method, path, handler in api.routes():
+        app.router.add_route(method, path, handler)
+    app.cleanup_ctx.append(api.lifecycle)
+    app.on_shutdown.append(api.on_shutdown)
+    return app

@@ -1,0 +1,82 @@
+"""HTTP errors: the one table from error ``code`` to HTTP status, and the JSON error body.
+
+Every error response is ``{"code", "message", "details"}``. Domain codes come from
+``raftq.cluster.errors`` (the state machine); the node adds codes for transport-level problems
+(malformed bodies, no leader, unknown outcome). ``STATUS_BY_CODE`` is the only place that decides
+a status; a test checks it covers every domain error class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+STATUS_BY_CODE: dict[str, int] = {
+    # domain errors (raftq.cluster.errors)
+    "broker_error": 400,
+    "invalid_argument": 400,
+    "invalid_name": 400,
+    "message_too_large": 413,
+    "not_found": 404,
+    "topic_not_found": 404,
+    "group_not_found": 404,
+    "conflict": 409,
+    "topic_exists": 409,
+    "group_exists": 409,
+    "topic_full": 429,
+    "receipt_error": 400,
+    "receipt_invalid": 400,  # not a receipt this cluster issued (or tampered with)
+    "receipt_stale": 409,  # a real receipt whose delivery is over (acked, expired, redelivered)
+    # node errors
+    "malformed_body": 400,
+    "unknown_field": 400,
+    "unsupported_media_type": 415,
+    "not_acceptable": 406,
+    "body_too_large": 413,
+    "route_not_found": 404,
+    "method_not_allowed": 405,
+    "no_leader": 503,
+    "overloaded": 503,
+    "shutting_down": 503,
+    "outcome_unknown": 504,
+    "internal": 500,
+}
+
+
+def status_for(code: str) -> int:
+    # An unknown code is a bug on our side, never the client's: say so with 500.
+    return STATUS_BY_CODE.get(code, 500)
+
+
+class ApiError(Exception):
+    """An error answered to the client; ``status`` always comes from ``STATUS_BY_CODE``."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        details: dict[str, Any] | None = None,
+        *,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details or {}
+        self.retry_after = retry_after
+
+    @property
+    def status(self) -> int:
+        return status_for(self.code)
+
+    def body(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+    @classmethod
+    def from_wire(cls, err: dict[str, Any]) -> ApiError:
+        """From a state machine result item ``{"code", "message", "details"}``."""
+        details = err.get("details")
+        return cls(
+            str(err.get("code", "internal")),
+            str(err.get("message", "")),
+            details if isinstance(details, dict) else {},
+        )

@@ -1,0 +1,136 @@
+"""Prometheus metrics, one ``CollectorRegistry`` per app (never the global one).
+
+Broker figures (per-topic and per-group counters, backlog, in flight) are read from the
+replicated state at scrape time, so every node reports the same cluster-wide numbers; node
+figures (HTTP latency, group-commit batch sizes, propose latency) are this process's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from raftq.cluster.state import Broker
+from raftq.node.raftapi import Raft
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_GROUP_COUNTERS = {
+    "delivered": "deliveries",
+    "redelivered": "redeliveries",
+    "acked": "acks",
+    "nacked": "nacks",
+    "timed_out": "visibility timeouts",
+    "released": "released deliveries",
+    "dead_lettered": "dead-lettered messages",
+    "dropped": "messages dropped before being settled",
+}
+_TOPIC_COUNTERS = {
+    "published": "published messages",
+    "duplicates": "publishes deduplicated by key",
+    "dropped_overflow": "messages dropped by drop_oldest overflow",
+    "expired": "messages expired by max_age",
+    "purged": "messages purged",
+}
+
+
+def _snapshot(b: Broker) -> list[dict[str, Any]]:
+    return [b.topic_stats(name) for name in b.list_topics()]
+
+
+class BrokerCollector(Collector):
+    def __init__(self, raft: Raft) -> None:
+        self.raft = raft
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.raft.status()
+        for name, value, doc in (
+            ("raftq_raft_term", st.term, "current Raft term"),
+            ("raftq_raft_commit_index", st.commit_index, "Raft commit index"),
+            ("raftq_raft_applied_index", st.applied_index, "last applied Raft index"),
+            ("raftq_raft_is_leader", int(st.role == "leader"), "1 when this node leads"),
+        ):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
+        topics = self.raft.read(_snapshot)
+        tc = {
+            k: CounterMetricFamily(f"raftq_topic_{k}", doc, labels=["topic"])
+            for k, doc in _TOPIC_COUNTERS.items()
+        }
+        gc = {
+            k: CounterMetricFamily(f"raftq_group_{k}", doc, labels=["topic", "group"])
+            for k, doc in _GROUP_COUNTERS.items()
+        }
+        t_msgs = GaugeMetricFamily("raftq_topic_messages", "retained messages", labels=["topic"])
+        t_bytes = GaugeMetricFamily("raftq_topic_bytes", "retained payload bytes", labels=["topic"])
+        backlog = GaugeMetricFamily(
+            "raftq_group_backlog", "messages ready for delivery", labels=["topic", "group"]
+        )
+        delayed = GaugeMetricFamily(
+            "raftq_group_delayed", "messages waiting for a delay", labels=["topic", "group"]
+        )
+        inflight = GaugeMetricFamily(
+            "raftq_group_in_flight", "deliveries awaiting ack", labels=["topic", "group"]
+        )
+        for t in topics:
+            name = t["topic"]
+            for k in _TOPIC_COUNTERS:
+                tc[k].add_metric([name], t.get(f"{k}_total", 0))
+            t_msgs.add_metric([name], t["messages"])
+            t_bytes.add_metric([name], t["bytes"])
+            for g in t["groups"]:
+                labels = [name, g["group"]]
+                for k in _GROUP_COUNTERS:
+                    gc[k].add_metric(labels, g.get(f"{k}_total", 0))
+                backlog.add_metric(labels, g["pending"])
+                delayed.add_metric(labels, g["delayed"])
+                inflight.add_metric(labels, g["in_flight"])
+        yield from tc.values()
+        yield from gc.values()
+        yield from (t_msgs, t_bytes, backlog, delayed, inflight)
+
+
+class NodeMetrics:
+    def __init__(self, raft: Raft) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(BrokerCollector(raft))
+        self.requests = Counter(
+            "raftq_http_requests",
+            "HTTP requests answered",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "raftq_http_request_seconds",
+            "HTTP request latency",
+            ["route"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25),
+        )
+        self.batch_size = Histogram(
+            "raftq_batch_commands",
+            "commands per Raft entry (group commit)",
+            registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+        )
+        self.propose_latency = Histogram(
+            "raftq_propose_seconds",
+            "time from propose to commit and apply",
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+        )
+        self.proxied = Counter(
+            "raftq_proxied_requests", "requests forwarded to the leader", registry=self.registry
+        )
+
+    def on_batch(self, n: int, seconds: float) -> None:
+        self.batch_size.observe(n)
+        self.propose_latency.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,217 @@
+"""Streaming consumers over WebSocket: ``GET /topics/{topic}/groups/{group}/stream``.
+
+Query: ``prefetch`` (1..1000, default 10), ``visibility`` (seconds, optional), ``format``
+(``msgpack``, the default: binary frames; or ``json``: text frames, payloads base64).
+
+The server keeps up to ``prefetch`` unsettled deliveries pushed to the socket:
+
+    server -> client  {"type": "delivery", "delivery": {topic, group, seq, attempt, receipt, ...}}
+                      {"type": "result", "id": N, "result": {...}}
+                      {"type": "error", "id": N | null, "code", "message", "details"}
+    client -> server  {"id": N, "op": "ack" | "nack" | "extend" | "term", "receipts": [...],
+                       "delay"?: s, "seconds"?: s, "reason"?: str}
+
+Each settle is one command through group commit, answered after commit and apply. A delivery
+stops counting against ``prefetch`` when it is acked, nacked or termed, or when its deadline
+passes. When the socket closes, for whatever reason, this consumer's in-flight deliveries are
+released at once (a replicated ``release``): a crashed consumer's messages come back without
+waiting for their visibility timeout. Streams are served by the leader: a follower answers 307
+to the leader's URL (or 503 without one), and a stream whose node loses leadership is closed with
+code 4001 so the client reconnects to the new leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+from aiohttp import WSMsgType, web
+
+from raftq.node.httperrors import ApiError
+
+if TYPE_CHECKING:
+    from raftq.node.app import Api
+
+MAX_PREFETCH = 1000
+CLOSE_LEADER_CHANGED = 4001
+SETTLE_OPS = {"ack": (), "nack": ("delay",), "extend": ("seconds",), "term": ("reason",)}
+
+
+def _query_number(request: web.Request, name: str, lo: float, hi: float) -> float | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not lo <= value <= hi:
+        raise ApiError(
+            "invalid_argument", f"{name} must be a number between {lo} and {hi}", {"field": name}
+        )
+    return value
+
+
+class _Socket:
+    """Frames in the negotiated format."""
+
+    def __init__(self, ws: web.WebSocketResponse, fmt: str) -> None:
+        self.ws = ws
+        self.json = fmt == "json"
+
+    async def send(self, obj: dict[str, Any]) -> None:
+        if self.json:
+            await self.ws.send_str(json.dumps(_b64(obj)))
+        else:
+            await self.ws.send_bytes(msgpack.packb(obj, use_bin_type=True))
+
+    def decode(self, data: str | bytes) -> Any:
+        if isinstance(data, bytes):
+            return msgpack.unpackb(data, raw=False)
+        return json.loads(data)
+
+
+def _b64(obj: Any) -> Any:
+    if isinstance(obj, bytes):
+        return base64.b64encode(obj).decode()
+    if isinstance(obj, dict):
+        return {k: _b64(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_b64(v) for v in obj]
+    return obj
+
+
+async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.StreamResponse:
+    from raftq.node.app import LeaderLost  # app imports this module
+
+    prefetch = int(_query_number(request, "prefetch", 1, MAX_PREFETCH) or 10)
+    visibility = _query_number(request, "visibility", 0.001, 12 * 3600)
+    fmt = request.query.get("format", "msgpack")
+    if fmt not in ("msgpack", "json"):
+        raise ApiError("invalid_argument", "format must be msgpack or json", {"field": "format"})
+    if not api.raft.is_leader():
+        leader = api.raft.status().leader_api
+        if not leader:
+            raise ApiError("no_leader", "no leader is known; retry", retry_after=1)
+        raise web.HTTPTemporaryRedirect(
+            f"http://{leader}{request.path_qs}", headers={"X-Raftq-Leader": f"http://{leader}"}
+        )
+    # The group must exist before the socket opens, so a typo is a plain 404.
+    api.read(lambda b: b.group_stats(topic, group))
+
+    ws = web.WebSocketResponse(heartbeat=10.0, max_msg_size=api.settings.max_body)
+    await ws.prepare(request)
+    sock = _Socket(ws, fmt)
+    consumer = f"ws-{secrets.token_hex(8)}"
+    outstanding: dict[str, int] = {}  # receipt -> deadline (ms)
+    credit = asyncio.Event()
+    receive: dict[str, Any] = {
+        "op": "receive",
+        "topic": topic,
+        "group": group,
+        "consumer": consumer,
+    }
+    if visibility is not None:
+        receive["visibility"] = visibility
+
+    async def settle(frame: Any) -> None:
+        fid = frame.get("id") if isinstance(frame, dict) else None
+        try:
+            if not isinstance(frame, dict) or frame.get("op") not in SETTLE_OPS:
+                raise ApiError("invalid_argument", "frame needs op ack, nack, extend or term")
+            op = frame["op"]
+            allowed = {"id", "op", "receipts", *SETTLE_OPS[op]}
+            unknown = sorted(str(k) for k in frame if k not in allowed)
+            if unknown:
+                raise ApiError(
+                    "unknown_field", f"unknown field(s) {', '.join(unknown)}", {"fields": unknown}
+                )
+            receipts = frame.get("receipts")
+            if not isinstance(receipts, list) or not receipts:
+                raise ApiError(
+                    "invalid_argument", "receipts must be a non-empty list", {"field": "receipts"}
+                )
+            cmd = {k: v for k, v in frame.items() if k != "id" and v is not None}
+            result = await api.call(cmd)
+            if op == "extend":
+                for r in receipts:
+                    if r in outstanding:
+                        outstanding[r] = int(result.get("deadline", 0))
+            else:
+                for r in receipts:
+                    outstanding.pop(r, None)
+                credit.set()
+            await sock.send({"type": "result", "id": fid, "result": result})
+        except ApiError as e:
+            await sock.send({"type": "error", "id": fid, **e.body()})
+
+    async def read_loop() -> None:
+        pending: set[asyncio.Task[None]] = set()
+        async for msg in ws:
+            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                continue
+            try:
+                frame = sock.decode(msg.data)
+            except (ValueError, msgpack.UnpackException):
+                await sock.send(
+                    {
+                        "type": "error",
+                        "id": None,
+                        "code": "malformed_body",
+                        "message": "frame is not valid JSON or msgpack",
+                        "details": {},
+                    }
+                )
+                continue
+            task = asyncio.ensure_future(settle(frame))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        for task in pending:
+            task.cancel()
+
+    reader = asyncio.ensure_future(read_loop())
+    close_code, close_msg = 1000, b"done"
+    with api.hold_consumer(consumer):
+        try:
+            loop = asyncio.get_running_loop()
+            while not ws.closed and not reader.done() and not api.draining.is_set():
+                now_ms = time.time() * 1000
+                for r in [r for r, d in outstanding.items() if d <= now_ms]:
+                    del outstanding[r]
+                room = prefetch - len(outstanding)
+                if room <= 0:
+                    credit.clear()
+                    soonest = min(outstanding.values()) / 1000 - time.time()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(credit.wait(), timeout=max(0.05, soonest))
+                    continue
+                res = await api.call({**receive, "max": room, "token": secrets.token_bytes(16)})
+                deliveries = res["deliveries"]
+                if not deliveries:
+                    await api._wait_deliverable(topic, group, loop.time() + 5.0)
+                    continue
+                for d in deliveries:
+                    outstanding[d["receipt"]] = d["deadline"]
+                    await sock.send(
+                        {"type": "delivery", "delivery": {"topic": topic, "group": group, **d}}
+                    )
+        except ApiError as e:
+            close_code, close_msg = 1011, e.message.encode()[:120]
+        except LeaderLost:  # the client reconnects to the new leader
+            close_code, close_msg = CLOSE_LEADER_CHANGED, b"leader changed"
+        except ConnectionError:
+            pass
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            with contextlib.suppress(Exception):
+                await ws.close(code=close_code, message=close_msg)
+            api.spawn(api.release(consumer))
+    return ws

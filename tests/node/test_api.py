@@ -1,0 +1,425 @@
+"""Handler tests of the node API against the in-process LocalRaft (fast, no processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import msgpack
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from raftq.cluster.errors import ERRORS_BY_CODE
+from raftq.cluster.state import Broker
+from raftq.node.app import API_KEY, NodeSettings, build_app
+from raftq.node.httperrors import STATUS_BY_CODE
+from raftq.node.local import LocalRaft
+from raftq.node.openapi import document
+from raftq.node.raftapi import QueueFull, UnknownOutcome
+
+Client = TestClient[web.Request, web.Application]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def name() -> str:
+    return "t-" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+async def node() -> AsyncIterator[tuple[LocalRaft, Client]]:
+    raft = LocalRaft()
+    app = build_app(raft, NodeSettings(max_body=64 * 1024))
+    async with TestClient(TestServer(app)) as client:
+        yield raft, client
+
+
+async def post(client: Client, path: str, body: Any, status: int = 200) -> Any:
+    r = await client.post(path, json=body)
+    data = await r.json()
+    assert r.status == status, data
+    return data
+
+
+def stored(b: Broker) -> Any:
+    """Everything stored, without the clock-dependent fields."""
+
+    def strip(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k != "oldest_age_ms"}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+
+    return strip([b.topic_stats(n) for n in b.list_topics()])
+
+
+async def make_topic(client: Client, **kw: Any) -> str:
+    topic = name()
+    await post(client, "/topics", {"topic": topic, **kw}, 201)
+    return topic
+
+
+async def test_publish_receive_ack_round_trip(node: tuple[LocalRaft, Client]) -> None:
+    _, client = node
+    topic = await make_topic(client)
+    res = await post(client, f"/topics/{topic}/messages", {"payload": b64(b"hello"), "key": "k1"})
+    assert res == {"seq": 1, "duplicate": False}
+    again = await post(client, f"/topics/{topic}/messages", {"payload": b64(b"hello"), "key": "k1"})
+    assert again == {"seq": 1, "duplicate": True}
+    got = await post(client, f"/topics/{topic}/groups/default/receive", {"max": 10})
+    [d] = got["deliveries"]
+    assert (d["topic"], d["group"], d["seq"], d["attempt"]) == (topic, "default", 1, 1)
+    assert base64.b64decode(d["payload"]) == b"hello"
+    acked = await post(client, "/ack", {"receipts": [d["receipt"]]})
+    assert acked == {"acked": 1, "errors": []}
+    stale = await post(client, "/ack", {"receipts": [d["receipt"]]})
+    assert stale["acked"] == 0 and stale["errors"][0]["code"] == "receipt_stale"
+    stats = await (await client.get(f"/topics/{topic}/groups/default")).json()
+    assert stats["pending"] == 0 and stats["in_flight"] == 0 and stats["acked_total"] == 1
+
+
+async def test_msgpack_bodies_carry_raw_bytes(node: tuple[LocalRaft, Client]) -> None:
+    _, client = node
+    topic = await make_topic(client)
+    hdr = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+    body = msgpack.packb({"messages": [{"payload": b"\x00\xff"}, {"payload": b"two"}]})
+    r = await client.post(f"/topics/{topic}/publish", data=body, headers=hdr)
+    assert r.status == 200 and r.content_type == "application/msgpack"
+    assert msgpack.unpackb(await r.read())["messages"][1]["seq"] == 2
+    r = await client.post(
+        f"/topics/{topic}/groups/default/receive", data=msgpack.packb({"max": 5}), headers=hdr
+    )
+    got = msgpack.unpackb(await r.read())
+    assert [d["payload"] for d in got["deliveries"]] == [b"\x00\xff", b"two"]
+
+
+async def test_concurrent_requests_share_raft_entries(node: tuple[LocalRaft, Client]) -> None:
+    raft, client = node
+    topic = await make_topic(client)
+    raft.entries.clear()
+    results = await asyncio.gather(
+        *(
+            post(client, f"/topics/{topic}/messages", {"payload": b64(b"x%d" % i)})
+            for i in range(60)
+        )
+    )
+    assert sorted(r["seq"] for r in results) == list(range(1, 61))
+    assert sum(raft.entries) == 60
+    assert len(raft.entries) < 60  # group commit: fewer entries than requests
+
+
+async def test_long_poll_wakes_on_publish(node: tuple[LocalRaft, Client]) -> None:
+    _, client = node
+    topic = await make_topic(client)
+    t0 = time.monotonic()
+    poll = asyncio.ensure_future(
+        post(client, f"/topics/{topic}/groups/default/receive", {"wait": 10})
+    )
+    await asyncio.sleep(0.1)
+    assert not poll.done()
+    await post(client, f"/topics/{topic}/messages", {"payload": b64(b"late")})
+    got = await asyncio.wait_for(poll, 5)
+    assert len(got["deliveries"]) == 1
+    assert time.monotonic() - t0 < 5
+
+
+async def test_long_poll_times_out_empty(node: tuple[LocalRaft, Client]) -> None:
+    _, client = node
+    topic = await make_topic(client)
+    t0 = time.monotonic()
+    got = await post(client, f"/topics/{topic}/groups/default/receive", {"wait": 0.3})
+    assert got["deliveries"] == []
+    assert 0.29 <= time.monotonic() - t0 < 3
+
+
+async def test_visibility_expiry_redelivers_with_next_attempt(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    _, client = node
+    topic = await make_topic(client)
+    await post(client, f"/topics/{topic}/messages", {"payload": b64(b"v")})
+    recv = f"/topics/{topic}/groups/default/receive"
+    first = await post(client, recv, {"visibility": 0.2})
+    assert first["deliveries"][0]["attempt"] == 1
+    # The leader's tick timer fires the deadline; the long poll wakes on that apply.
+    second = await post(client, recv, {"wait": 5})
+    assert second["deliveries"][0]["attempt"] == 2
+    stale = await post(client, "/ack", {"receipts": [first["deliveries"][0]["receipt"]]})
+    assert stale["errors"][0]["code"] == "receipt_stale"
+
+
+async def test_nack_with_delay_redelivers_after_the_delay(node: tuple[LocalRaft, Client]) -> None:
+    _, client = node
+    topic = await make_topic(client)
+    await post(client, f"/topics/{topic}/messages", {"payload": b64(b"n")})
+    recv = f"/topics/{topic}/groups/default/receive"
+    [d] = (await post(client, recv, {}))["deliveries"]
+    t0 = time.monotonic()
+    res = await post(client, "/nack", {"receipts": [d["receipt"]], "delay": 0.3})
+    assert res["nacked"] == 1
+    assert (await post(client, recv, {}))["deliveries"] == []
+    [d2] = (await post(client, recv, {"wait": 5}))["deliveries"]
+    assert d2["attempt"] == 2 and time.monotonic() - t0 >= 0.29
+
+
+async def test_max_attempts_dead_letters_then_redrive(node: tuple[LocalRaft, Client]) -> None:
+    _, client = node
+    topic = await make_topic(client, groups=[{"group": "g", "config": {"max_attempts": 2}}])
+    await post(client, f"/topics/{topic}/messages", {"payload": b64(b"dl")})
+    recv = f"/topics/{topic}/groups/g/receive"
+    for attempt in (1, 2):
+        [d] = (await post(client, recv, {}))["deliveries"]
+        assert d["attempt"] == attempt
+        await post(client, "/nack", {"receipts": [d["receipt"]]})
+    peek = await (await client.get(f"/topics/{topic}.dlq/messages?limit=5")).json()
+    [dead] = peek["messages"]
+    assert base64.b64decode(dead["payload"]) == b"dl"
+    assert dead["headers"]["x-raftq-dlq-attempts"] == "2"
+    res = await post(client, f"/topics/{topic}.dlq/redrive", {})
+    assert res["redriven"] == 1
+    [d] = (await post(client, recv, {}))["deliveries"]
+    assert d["attempt"] == 1 and d["headers"]["x-raftq-redrives"] == "1"
+
+
+async def test_term_dead_letters_at_once(node: tuple[LocalRaft, Client]) -> None:
+    _, client = node
+    topic = await make_topic(client)
+    await post(client, f"/topics/{topic}/messages", {"payload": b64(b"t")})
+    [d] = (await post(client, f"/topics/{topic}/groups/default/receive", {}))["deliveries"]
+    res = await post(client, "/term", {"receipts": [d["receipt"]], "reason": "poison"})
+    assert res["terminated"] == 1
+    peek = await (await client.get(f"/topics/{topic}.dlq/messages")).json()
+    assert peek["messages"][0]["headers"]["x-raftq-dlq-reason"] == "term: poison"
+
+
+async def test_extend_moves_the_deadline(node: tuple[LocalRaft, Client]) -> None:
+    _, client = node
+    topic = await make_topic(client)
+    await post(client, f"/topics/{topic}/messages", {"payload": b64(b"e")})
+    [d] = (await post(client, f"/topics/{topic}/groups/default/receive", {"visibility": 1}))[
+        "deliveries"
+    ]
+    res = await post(client, "/extend", {"receipts": [d["receipt"]], "seconds": 60})
+    assert res["extended"] == 1 and res["deadline"] > d["deadline"]
+
+
+async def test_dropped_long_poll_connection_releases_its_deliveries(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    raft, client = node
+    topic = await make_topic(client)
+    await post(client, f"/topics/{topic}/messages", {"payload": b64(b"d")})
+    recv = f"/topics/{topic}/groups/default/receive"
+    raft.delay = 0.3  # the receive is in flight when the client goes away
+    poll = asyncio.ensure_future(client.post(recv, json={"visibility": 600}))
+    await asyncio.sleep(0.1)
+    poll.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await poll
+    raft.delay = 0
+    # visibility is 10 minutes: only the release can bring it back this soon
+    got = await post(client, recv, {"wait": 5})
+    assert got["deliveries"][0]["attempt"] == 2
+    stats = await (await client.get(f"/topics/{topic}/groups/default")).json()
+    assert stats["released_total"] == 1
+
+
+async def test_shutdown_answers_waiting_long_polls_at_once() -> None:
+    raft = LocalRaft()
+    server = TestServer(build_app(raft))
+    await server.start_server()
+    async with aiohttp.ClientSession(str(server.make_url(""))) as session:
+        topic = name()
+        r = await session.post("/topics", json={"topic": topic})
+        assert r.status == 201
+        poll = asyncio.ensure_future(
+            session.post(f"/topics/{topic}/groups/default/receive", json={"wait": 15})
+        )
+        await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        await server.close()
+        r = await asyncio.wait_for(poll, 5)
+        assert r.status == 200 and (await r.json())["deliveries"] == []
+        assert time.monotonic() - t0 < 5
+        assert raft.read(lambda b: b.group_stats(topic, "default")["in_flight"]) == 0
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+async def test_every_bad_input_class_gets_its_4xx(node: tuple[LocalRaft, Client]) -> None:
+    raft, client = node
+    topic = await make_topic(client, config={"max_message_bytes": 10, "max_messages": 1})
+    before = raft.read(stored)
+    pub = f"/topics/{topic}/messages"
+
+    async def bad(method: str, path: str, status: int, code: str, **kw: Any) -> None:
+        r = await client.request(method, path, **kw)
+        body = await r.json()
+        assert r.status == status, body
+        assert body["code"] == code and body["message"] and isinstance(body["details"], dict)
+
+    await bad(
+        "POST",
+        pub,
+        400,
+        "malformed_body",
+        data=b"{nope",
+        headers={"Content-Type": "application/json"},
+    )
+    await bad("POST", pub, 400, "malformed_body", data=b'{"payload": NaN}')
+    await bad(
+        "POST",
+        pub,
+        400,
+        "malformed_body",
+        data=b"\xc1",
+        headers={"Content-Type": "application/msgpack"},
+    )
+    await bad("POST", pub, 400, "malformed_body", json=[1, 2])
+    await bad("POST", pub, 400, "unknown_field", json={"payload": b64(b"x"), "colour": "red"})
+    await bad("POST", pub, 400, "invalid_argument", json={"payload": "***"})
+    await bad("POST", pub, 400, "invalid_argument", json={"payload": 5})
+    await bad("POST", pub, 400, "invalid_argument", json={})
+    await bad("POST", pub, 400, "invalid_argument", json={"payload": b64(b"x"), "delay": "soon"})
+    await bad("POST", pub, 400, "invalid_argument", json={"payload": b64(b"x"), "delay": -1})
+    await bad("POST", pub, 413, "message_too_large", json={"payload": b64(b"x" * 11)})
+    await bad("POST", pub, 413, "body_too_large", data=b"x" * (65 * 1024))
+    await bad(
+        "POST", "/topics/bad name!/messages", 400, "invalid_name", json={"payload": b64(b"x")}
+    )
+    await bad("POST", "/topics", 400, "invalid_name", json={"topic": "-x"})
+    await bad(
+        "POST",
+        "/topics",
+        400,
+        "invalid_argument",
+        json={"topic": name(), "config": {"max_messages": "many"}},
+    )
+    await bad(
+        "POST", "/topics", 400, "invalid_argument", json={"topic": name(), "config": {"zzz": 1}}
+    )
+    await bad("POST", "/topics/nope/messages", 404, "topic_not_found", json={"payload": b64(b"x")})
+    await bad("POST", f"/topics/{topic}/groups/nope/receive", 404, "group_not_found", json={})
+    await bad("POST", "/topics", 409, "topic_exists", json={"topic": topic})
+    await bad(
+        "POST",
+        f"/topics/{topic}/groups/default/receive",
+        400,
+        "invalid_argument",
+        json={"wait": 21},
+    )
+    await bad(
+        "POST", f"/topics/{topic}/groups/default/receive", 400, "invalid_argument", json={"max": 0}
+    )
+    await bad("POST", "/ack", 400, "invalid_argument", json={"receipts": []})
+    await bad("POST", "/ack", 400, "invalid_argument", json={"receipts": "r"})
+    await bad("POST", "/extend", 400, "invalid_argument", json={"receipts": ["a:b:1:1:x"]})
+    await bad("GET", f"/topics/{topic}/messages?limit=x", 400, "invalid_argument")
+    await bad("GET", f"/topics/{topic}/messages?colour=1", 400, "unknown_field")
+    await bad("GET", "/no/such/route", 404, "route_not_found")
+    await bad("PUT", "/topics", 405, "method_not_allowed")
+    assert raft.read(stored) == before  # nothing stored from a rejected request
+    await post(client, pub, {"payload": b64(b"1")})
+    await bad("POST", pub, 429, "topic_full", json={"payload": b64(b"2")})
+    res = await post(client, "/ack", {"receipts": ["garbage", f"{topic}:default:1:1:beef"]})
+    assert [e["code"] for e in res["errors"]] == ["receipt_invalid", "receipt_stale"]
+
+
+async def test_raft_failures_map_to_definite_statuses(node: tuple[LocalRaft, Client]) -> None:
+    raft, client = node
+    topic = await make_topic(client)
+    raft.fail_next(QueueFull("full"))
+    r = await client.post(f"/topics/{topic}/messages", json={"payload": b64(b"x")})
+    assert r.status == 503 and (await r.json())["code"] == "overloaded"
+    assert r.headers["Retry-After"] == "1"
+    raft.fail_next(UnknownOutcome("lost"))
+    r = await client.post(f"/topics/{topic}/messages", json={"payload": b64(b"x")})
+    assert r.status == 504 and (await r.json())["code"] == "outcome_unknown"
+
+
+async def test_without_a_leader_answers_503_with_retry_after(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    raft, client = node
+    raft.set_follower(None, None)
+    r = await client.get("/topics")
+    assert r.status == 503 and r.headers["Retry-After"] == "1"
+    assert (await r.json())["code"] == "no_leader"
+    r = await client.get("/readyz")
+    assert r.status == 503
+    assert (await client.get("/healthz")).status == 200
+
+
+async def test_follower_forwards_requests_to_the_leader() -> None:
+    leader = LocalRaft("n1")
+    async with TestClient(TestServer(build_app(leader))) as lc:
+        follower = LocalRaft("n2")
+        follower.set_follower("n1", f"{lc.host}:{lc.port}")
+        async with TestClient(TestServer(build_app(follower, NodeSettings(node_id="n2")))) as fc:
+            topic = await make_topic(fc)
+            r = await fc.post(f"/topics/{topic}/messages", json={"payload": b64(b"via")})
+            assert r.status == 200 and r.headers["X-Raftq-Leader"] == "n1"
+            assert leader.read(lambda b: b.topic_stats(topic)["messages"]) == 1
+            assert topic not in follower.read(lambda b: b.list_topics())
+            got = await post(fc, f"/topics/{topic}/groups/default/receive", {"wait": 1})
+            assert got["deliveries"][0]["payload"] == b64(b"via")
+            r = await fc.get(f"/topics/{topic}/groups/nope")
+            assert r.status == 404 and (await r.json())["code"] == "group_not_found"
+
+
+# ---------------------------------------------------------------------- contracts
+
+
+def test_every_domain_error_code_has_an_http_status() -> None:
+    missing = sorted(set(ERRORS_BY_CODE) - set(STATUS_BY_CODE))
+    assert not missing
+    assert all(400 <= s < 500 for c, s in STATUS_BY_CODE.items() if c in ERRORS_BY_CODE)
+
+
+def test_openapi_document_matches_the_routes() -> None:
+    app = build_app(LocalRaft())
+    routes = {
+        (r.method, r.resource.canonical)
+        for r in app.router.routes()
+        if r.method != "HEAD" and r.resource is not None
+    }
+    doc = document()
+    documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
+    assert documented == routes
+    json.dumps(doc)
+
+
+async def test_openapi_and_metrics_are_served(node: tuple[LocalRaft, Client]) -> None:
+    _, client = node
+    topic = await make_topic(client)
+    await post(client, f"/topics/{topic}/messages", {"payload": b64(b"m")})
+    doc = await (await client.get("/openapi.json")).json()
+    assert doc["openapi"].startswith("3.")
+    text = await (await client.get("/metrics")).text()
+    assert f'raftq_topic_published_total{{topic="{topic}"}} 1.0' in text
+    assert f'raftq_group_backlog{{group="default",topic="{topic}"}} 1.0' in text
+    assert "raftq_batch_commands_bucket" in text and "raftq_raft_term 1.0" in text
+
+
+async def test_cluster_endpoint_describes_the_node(node: tuple[LocalRaft, Client]) -> None:
+    _, client = node
+    st = await (await client.get("/cluster")).json()
+    assert st["node"] == "n1" and st["role"] == "leader" and st["leader"] == "n1"
+    assert st["members"]["n1"]["answers"] is True
+    assert (await client.get("/readyz")).status == 200
+
+
+def test_each_app_has_its_own_metrics_registry() -> None:
+    a, b = build_app(LocalRaft()), build_app(LocalRaft())
+    assert a[API_KEY].metrics.registry is not b[API_KEY].metrics.registry
