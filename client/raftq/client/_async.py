@@ -19,33 +19,123 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+import msgpack
 
 from raftq.client import _core as core
 from raftq.client._message import Delivery
-from raftq.client.errors import RaftqError, Unavailable
+from raftq.client.errors import RaftqError, Unavailable, error_from_body
 
 
 class AsyncMessage(Delivery):
-    """A delivery from ``AsyncClient.consume`` / ``receive``; settle it exactly once."""
+    """A delivery from ``AsyncClient.consume`` / ``receive``; settle it exactly once.
+    Streamed messages settle over their socket while it is open, else over HTTP."""
 
-    def __init__(self, client: AsyncClient, data: Mapping[str, Any], topic: str, group: str):
+    def __init__(
+        self,
+        client: AsyncClient,
+        data: Mapping[str, Any],
+        topic: str,
+        group: str,
+        stream: _Stream | None = None,
+    ):
         super().__init__(data, topic, group)
         self._client = client
+        self._stream = stream
+
+    async def _do(self, op: str, **extra: Any) -> Any:
+        body = {"receipts": [self.receipt], **{k: v for k, v in extra.items() if v is not None}}
+        if self._stream is not None and self._stream.open:
+            with contextlib.suppress(_StreamClosed):
+                res = await self._stream.call(op, body)
+                core.raise_receipt_errors(res, 1)
+                return res
+        return await self._client._settle(op, body)
 
     async def ack(self) -> None:
-        await self._client.ack([self.receipt])
+        await self._do("ack")
         self.settled = True
 
     async def nack(self, delay: float | None = None) -> None:
-        await self._client.nack([self.receipt], delay=delay)
+        await self._do("nack", delay=delay)
         self.settled = True
 
     async def extend(self, seconds: float) -> None:
-        await self._client.extend([self.receipt], seconds)
+        await self._do("extend", seconds=seconds)
 
     async def term(self, reason: str = "terminated") -> None:
-        await self._client.term([self.receipt], reason=reason)
+        await self._do("term", reason=reason)
         self.settled = True
+
+
+class _StreamClosed(Exception):
+    pass
+
+
+class _Stream:
+    """One WebSocket stream: a reader task routes deliveries to a queue and results to the
+    futures of the settle calls waiting for them."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, url: str) -> None:
+        self.ws = ws
+        self.url = url
+        self.deliveries: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._ids = 0
+        self.close_code: int | None = None
+        self.reader = asyncio.ensure_future(self._read())
+
+    @property
+    def open(self) -> bool:
+        return not self.ws.closed and not self.reader.done()
+
+    async def _read(self) -> None:
+        try:
+            async for frame in self.ws:
+                if frame.type != aiohttp.WSMsgType.BINARY:
+                    continue
+                obj = msgpack.unpackb(frame.data, raw=False)
+                kind = obj.get("type")
+                if kind == "delivery":
+                    self.deliveries.put_nowait(obj["delivery"])
+                    continue
+                fut = self._calls.pop(obj.get("id"), None)
+                if fut is None or fut.done():
+                    continue
+                if kind == "result":
+                    fut.set_result(obj["result"])
+                else:
+                    fut.set_exception(error_from_body(400, obj))
+        finally:
+            self.close_code = self.ws.close_code
+            for fut in self._calls.values():
+                if not fut.done():
+                    fut.set_exception(_StreamClosed())
+            self._calls.clear()
+            self.deliveries.put_nowait(None)
+
+    async def call(self, op: str, body: dict[str, Any]) -> Any:
+        self._ids += 1
+        fid = self._ids
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._calls[fid] = fut
+        try:
+            await self.ws.send_bytes(msgpack.packb({"id": fid, "op": op, **body}))
+        except (ConnectionError, RuntimeError) as e:
+            self._calls.pop(fid, None)
+            raise _StreamClosed() from e
+        return await fut
+
+    async def close(self) -> None:
+        await self.ws.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.reader
+
+
+def _topic_group(p: str) -> tuple[str, str]:
+    from urllib.parse import unquote
+
+    parts = p.split("?")[0].split("/")
+    return unquote(parts[2]), unquote(parts[4])
 
 
 class AsyncClient:
@@ -259,10 +349,17 @@ class AsyncClient:
         wait: float = 20.0,
         visibility: float | None = None,
         auto_extend: bool = False,
+        stream: bool = False,
     ) -> AsyncIterator[AsyncMessage]:
         """Yield messages as they come. Leaving the loop releases this consumer's unsettled
         deliveries at once. With ``auto_extend``, a yielded message's deadline is pushed out
-        while the loop body runs."""
+        while the loop body runs. With ``stream``, deliveries are pushed over a WebSocket
+        (up to ``prefetch`` unsettled at a time) instead of long polls, and a consumer process
+        that dies has its messages released the moment its socket closes."""
+        if stream:
+            async for msg in self._consume_stream(topic, group, prefetch, visibility, auto_extend):
+                yield msg
+            return
         consumer = f"{self.producer.id}-{secrets.token_hex(4)}"
         extender: asyncio.Task[None] | None = None
         try:
@@ -282,6 +379,70 @@ class AsyncClient:
         finally:
             with contextlib.suppress(RaftqError, asyncio.CancelledError):
                 await asyncio.shield(self.release(consumer))
+
+    async def _consume_stream(
+        self,
+        topic: str,
+        group: str,
+        prefetch: int,
+        visibility: float | None,
+        auto_extend: bool,
+    ) -> AsyncIterator[AsyncMessage]:
+        query = f"?prefetch={int(prefetch)}"
+        if visibility is not None:
+            query += f"&visibility={float(visibility)}"
+        p = core.path("topics", topic, "groups", group, "stream") + query
+        attempt = 0
+        while True:
+            st = await self._open_stream(p, attempt)
+            attempt = 0
+            try:
+                while True:
+                    d = await st.deliveries.get()
+                    if d is None:
+                        break
+                    msg = AsyncMessage(self, d, topic, group, st)
+                    extender = (
+                        asyncio.create_task(self._keep_extending(msg)) if auto_extend else None
+                    )
+                    try:
+                        yield msg
+                    finally:
+                        if extender is not None:
+                            extender.cancel()
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(st.close())
+            # The socket closed under us (leader change, node stop): reconnect.
+            self.endpoints.failed(st.url)
+            attempt += 1
+
+    async def _open_stream(self, p: str, attempt: int) -> _Stream:
+        end = time.monotonic() + self.timeout
+        last: RaftqError | None = None
+        while True:
+            if time.monotonic() >= end:
+                raise core.deadline_error(last, core.Request("GET", p), self.timeout)
+            url = self.endpoints.pick()
+            try:
+                ws = await self._http().ws_connect(url + p, heartbeat=10.0, max_msg_size=0)
+                return _Stream(ws, url)
+            except aiohttp.WSServerHandshakeError as e:
+                location = e.headers.get("Location") if e.headers else None
+                if e.status in (301, 302, 307, 308) and location:
+                    self.endpoints.learn(core.normalize_url(location))
+                    continue
+                if e.status < 500 and e.status != 429:
+                    # Ask over HTTP to get the error body (404 topic, 400 bad query...).
+                    await self.group(*_topic_group(p))
+                    raise Unavailable(f"stream refused with HTTP {e.status}") from e
+                last = Unavailable(f"{url}: stream refused with HTTP {e.status}")
+            except (aiohttp.ClientError, OSError) as e:
+                last = core.unavailable(url, e, sent=False)
+                self.endpoints.failed(url)
+            delay = core.retry_delay(last, core.Request("GET", p), attempt, end - time.monotonic())
+            attempt += 1
+            await asyncio.sleep(delay or 0.05)
 
     async def _keep_extending(self, msg: AsyncMessage) -> None:
         period = max(0.5, (msg.deadline_ms - time.time() * 1000) / 2000)

@@ -125,7 +125,21 @@ def _walk(cls: type[RaftqError]) -> list[type[RaftqError]]:
 
 BY_CODE: dict[str, type[RaftqError]] = {c.code: c for c in _walk(RaftqError)}
 # Codes the server may use that are not classes of their own.
-BY_CODE.update({"not_leader": Unavailable, "no_leader": Unavailable, "queue_full": Unavailable})
+BY_CODE.update(
+    {
+        "no_leader": Unavailable,
+        "overloaded": Unavailable,
+        "shutting_down": Unavailable,
+        "outcome_unknown": UnknownOutcome,
+        "malformed_body": InvalidArgument,
+        "unknown_field": InvalidArgument,
+        "unsupported_media_type": InvalidArgument,
+        "not_acceptable": InvalidArgument,
+        "body_too_large": InvalidArgument,
+        "route_not_found": NotFound,
+        "method_not_allowed": InvalidArgument,
+    }
+)
 
 
 def error_from_body(status: int, body: Any) -> RaftqError:
