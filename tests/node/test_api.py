@@ -423,3 +423,19 @@ async def test_cluster_endpoint_describes_the_node(node: tuple[LocalRaft, Client
 def test_each_app_has_its_own_metrics_registry() -> None:
     a, b = build_app(LocalRaft()), build_app(LocalRaft())
     assert a[API_KEY].metrics.registry is not b[API_KEY].metrics.registry
+
+
+async def test_stream_route_delivers_and_settles_over_websocket(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    _, client = node
+    topic = await make_topic(client)
+    await post(client, f"/topics/{topic}/messages", {"payload": b64(b"ws")})
+    async with client.ws_connect(f"/topics/{topic}/groups/default/stream?format=json") as ws:
+        frame = await asyncio.wait_for(ws.receive_json(), 5)
+        assert frame["type"] == "delivery"
+        d = frame["delivery"]
+        assert base64.b64decode(d["payload"]) == b"ws"
+        await ws.send_json({"id": 1, "op": "ack", "receipts": [d["receipt"]]})
+        res = await asyncio.wait_for(ws.receive_json(), 5)
+        assert res == {"type": "result", "id": 1, "result": {"acked": 1, "errors": []}}

@@ -154,6 +154,7 @@ class Api:
         # consumer id -> number of open connections holding it (long polls, streams)
         self.held_consumers: dict[str, int] = {}
         self.started = time.monotonic()
+        self.stream_resource: web.AbstractResource | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -316,7 +317,12 @@ class Api:
 
     @web.middleware
     async def leader_mw(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in LOCAL_PATHS or request.match_info.http_exception is not None:
+        if (
+            request.path in LOCAL_PATHS
+            or request.match_info.http_exception is not None
+            or request.match_info.route.resource is self.stream_resource
+        ):
+            # Streams (WebSocket) redirect to the leader themselves instead of being proxied.
             return await handler(request)
         if not self.raft.is_leader():
             return await self.proxy(request)
@@ -675,6 +681,12 @@ class Api:
             body=self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
         )
 
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        from raftq.node.stream import stream
+
+        topic, group = self._tg(request)
+        return await stream(self, request, topic, group)
+
     async def openapi(self, request: web.Request) -> web.StreamResponse:
         from raftq.node.openapi import document
 
@@ -698,6 +710,7 @@ class Api:
             ("DELETE", tg, self.delete_group),
             ("POST", tg + "/purge", self.purge_group),
             ("POST", tg + "/receive", self.receive),
+            ("GET", tg + "/stream", self.stream),
             ("POST", "/topics/{topic}/messages", self.publish_one),
             ("GET", "/topics/{topic}/messages", self.peek),
             ("POST", "/topics/{topic}/publish", self.publish_batch),
@@ -758,7 +771,9 @@ def build_app(raft: Raft, settings: NodeSettings | None = None) -> web.Applicati
     )
     app[API_KEY] = api
     for method, path, handler in api.routes():
-        app.router.add_route(method, path, handler)
+        route = app.router.add_route(method, path, handler)
+        if path.endswith("/stream"):
+            api.stream_resource = route.resource
     app.cleanup_ctx.append(api.lifecycle)
     app.on_shutdown.append(api.on_shutdown)
     return app

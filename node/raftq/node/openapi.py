@@ -177,6 +177,15 @@ OPERATIONS: list[tuple[str, str, str, str | None, int, str]] = [
         200,
         "Deliveries",
     ),
+    (
+        "GET",
+        TG + "/stream",
+        "WebSocket streaming consumer (see raftq.node.stream; query "
+        "prefetch, visibility, format); a follower redirects (307) to the leader",
+        None,
+        101,
+        "Any",
+    ),
     ("POST", "/topics/{topic}/messages", "Publish one message", "Message", 200, "Published"),
     (
         "GET",
