@@ -198,29 +198,23 @@ def _status(args: argparse.Namespace, c: Client) -> int:
 
     def human() -> str:
         members = info.get("members") or {}
-        rows = []
-        items = members.items() if isinstance(members, dict) else enumerate(members)
-        for mid, m in items:
-            m = m if isinstance(m, dict) else {}
-            rows.append(
-                [
-                    m.get("id", mid),
-                    m.get("api"),
-                    m.get("role", ""),
-                    m.get("term", ""),
-                    m.get("commit_index", ""),
-                    m.get("applied_index", ""),
-                    "yes" if m.get("answering", m.get("connected")) else "no",
-                ]
-            )
         leader = info.get("leader")
-        leader_id = leader.get("id") if isinstance(leader, dict) else info.get("leader_id")
-        head = f"leader: {leader_id or '(none)'}   term: {info.get('term')}"
-        return (
-            head
-            + "\n"
-            + table(rows, ["node", "api", "role", "term", "commit", "applied", "answering"])
+        rows = [
+            [
+                mid,
+                m.get("api"),
+                m.get("raft"),
+                "leader" if mid == leader else "follower",
+                "yes" if m.get("answers") else "no",
+            ]
+            for mid, m in sorted(members.items())
+        ]
+        head = (
+            f"asked {info.get('node')} ({info.get('role')}): leader {leader or '(none)'}, "
+            f"term {info.get('term')}, commit {info.get('commit_index')}, "
+            f"applied {info.get('applied_index')}"
         )
+        return head + "\n" + table(rows, ["node", "api", "raft", "role", "answers"])
 
     return _emit(args, info, human)
 

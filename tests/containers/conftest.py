@@ -1,0 +1,170 @@
+"""Fixtures for container tests: the raftq image, and 3-node clusters of containers.
+
+The image is built once per session by ``deploy/build-image.sh`` (offline: wheels from this
+checkout, and a base image made with mmdebstrap when no registry answers). Tests talk to the
+containers over their addresses on a private Docker network this fixture creates and removes.
+Without a Docker daemon these tests are skipped; in CI the daemon is there and they run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its image cannot be pulled here
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = os.environ.get("RAFTQ_TEST_IMAGE", "raftq:test")
+
+
+def docker_available() -> bool:
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    if not docker_available():
+        pytest.skip("no Docker daemon")
+    subprocess.run(
+        ["bash", str(ROOT / "deploy" / "build-image.sh"), IMAGE],
+        check=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    return IMAGE
+
+
+def http_json(url: str, timeout: float = 2.0) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, None
+
+
+def wait_for(pred: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
+    end = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < end:
+        try:
+            last = pred()
+            if last:
+                return last
+        except OSError as e:
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class Node:
+    name: str
+    container: Any  # testcontainers DockerContainer
+
+    @property
+    def raw(self) -> Any:
+        return self.container.get_wrapped_container()
+
+    def ip(self, network: str) -> str:
+        self.raw.reload()
+        return str(self.raw.attrs["NetworkSettings"]["Networks"][network]["IPAddress"])
+
+
+@dataclass
+class ContainerCluster:
+    network: Any  # testcontainers Network
+    nodes: dict[str, Node] = field(default_factory=dict)
+    volumes: list[str] = field(default_factory=list)
+    ips: dict[str, str] = field(default_factory=dict)
+
+    def url(self, name: str) -> str:
+        return f"http://{self.ips[name]}:8000"
+
+    def urls(self) -> list[str]:
+        return [self.url(n) for n in sorted(self.nodes)]
+
+    def ready(self, names: list[str] | None = None, timeout: float = 60.0) -> None:
+        for n in names or sorted(self.nodes):
+            wait_for(
+                lambda n=n: http_json(self.url(n) + "/readyz")[0] == 200, timeout, f"{n} ready"
+            )
+
+    def leader(self, timeout: float = 30.0, exclude: str | None = None) -> str:
+        def find() -> str | None:
+            for n in sorted(self.nodes):
+                if n == exclude:
+                    continue
+                status, body = http_json(self.url(n) + "/cluster")
+                if status == 200 and body.get("role") == "leader":
+                    return n
+            return None
+
+        return str(wait_for(find, timeout, "a leader"))
+
+
+def start_cluster(image: str, n: int = 3) -> ContainerCluster:
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.network import Network
+
+    run = uuid.uuid4().hex[:8]
+    net = Network().create()
+    cluster = ContainerCluster(net)
+    secret = secrets.token_hex(16)
+    names = [f"n{i}" for i in range(1, n + 1)]
+    for name in names:
+        peers = ",".join(f"{p}={p}:9000/{p}:8000" for p in names if p != name)
+        volume = f"raftq-test-{run}-{name}"
+        cluster.volumes.append(volume)
+        c = (
+            DockerContainer(image)
+            .with_name(f"raftq-test-{run}-{name}")
+            .with_network(net)
+            .with_network_aliases(name)
+            .with_env("RAFTQ_ID", name)
+            .with_env("RAFTQ_RAFT", f"{name}:9000")
+            .with_env("RAFTQ_ADVERTISE", f"{name}:8000")
+            .with_env("RAFTQ_PEERS", peers)
+            .with_env("RAFTQ_SECRET", secret)
+            .with_volume_mapping(volume, "/data", "rw")
+            .with_kwargs(init=True, hostname=name)
+        )
+        c.start()
+        cluster.nodes[name] = Node(name, c)
+    for name, node in cluster.nodes.items():
+        cluster.ips[name] = node.ip(net.name)
+    return cluster
+
+
+def stop_cluster(cluster: ContainerCluster) -> None:
+    for node in cluster.nodes.values():
+        with contextlib.suppress(Exception):  # already gone
+            node.raw.remove(force=True)
+    with contextlib.suppress(Exception):
+        cluster.network.remove()
+    for volume in cluster.volumes:
+        subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def cluster(image: str) -> Iterator[ContainerCluster]:
+    c = start_cluster(image)
+    try:
+        c.ready()
+        yield c
+    finally:
+        stop_cluster(c)
