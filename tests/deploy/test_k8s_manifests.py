@@ -1,0 +1,118 @@
+"""The Kubernetes manifests agree with each other and with the node's flags, ports and probes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from raftq.node.cli import build_parser
+from raftq.node.local import LocalRaft
+
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+
+
+def load() -> dict[str, dict[str, Any]]:
+    docs: dict[str, dict[str, Any]] = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") != "Kustomization":
+                docs[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    return docs
+
+
+@pytest.fixture(scope="module")
+def docs() -> dict[str, dict[str, Any]]:
+    return load()
+
+
+def container(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    [c] = docs["StatefulSet/raftq"]["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def env(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(docs)["env"]}
+
+
+def node_help() -> str:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return str(sub.choices["node"].format_help())  # type: ignore[attr-defined]
+
+
+def test_every_manifest_is_listed_in_the_kustomization() -> None:
+    kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kust["resources"]) == files
+
+
+def test_statefulset_runs_three_members_behind_a_headless_service(docs: dict[str, Any]) -> None:
+    sts = docs["StatefulSet/raftq"]
+    headless = docs[f"Service/{sts['spec']['serviceName']}"]
+    assert sts["spec"]["replicas"] == 3
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert sts["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    for svc in ("Service/raftq", f"Service/{sts['spec']['serviceName']}"):
+        assert docs[svc]["spec"]["selector"].items() <= labels.items()
+    assert docs["PodDisruptionBudget/raftq"]["spec"]["selector"]["matchLabels"].items() <= (
+        labels.items()
+    )
+
+
+def test_every_env_var_is_a_node_option(docs: dict[str, Any]) -> None:
+    help_text = node_help()
+    for name in env(docs):
+        assert f"[{name}]" in help_text, f"{name} is not an option of `raftq node`"
+
+
+def test_ports_match_the_listen_raft_and_advertise_addresses(docs: dict[str, Any]) -> None:
+    e = env(docs)
+    ports = {p["name"]: p["containerPort"] for p in container(docs)["ports"]}
+    assert e["RAFTQ_LISTEN"].endswith(f":{ports['http']}")
+    assert e["RAFTQ_RAFT"].endswith(f":{ports['raft']}")
+    assert e["RAFTQ_ADVERTISE"].endswith(f":{ports['http']}")
+    svc_ports = {p["name"]: p["targetPort"] for p in docs["Service/raftq"]["spec"]["ports"]}
+    assert svc_ports == {"http": "http"}
+
+
+def test_peers_name_every_replica_by_its_stable_dns_name(docs: dict[str, Any]) -> None:
+    sts = docs["StatefulSet/raftq"]
+    peers = env(docs)["RAFTQ_PEERS"].split(",")
+    names = [f"raftq-{i}" for i in range(sts["spec"]["replicas"])]
+    pattern = re.compile(r"([\w-]+)=([\w.-]+):9000/([\w.-]+):8000")
+    parsed = [pattern.fullmatch(p) for p in peers]
+    assert all(parsed), peers
+    assert [m.group(1) for m in parsed if m] == names
+    for m in parsed:
+        assert m is not None
+        assert m.group(2) == m.group(3) == f"{m.group(1)}.{sts['spec']['serviceName']}"
+
+
+def test_secret_and_volume_references_resolve(docs: dict[str, Any]) -> None:
+    ref = env(docs)["RAFTQ_SECRET"]["secretKeyRef"]
+    assert ref["key"] in docs[f"Secret/{ref['name']}"]["stringData"]
+    mounts = {m["name"]: m["mountPath"] for m in container(docs)["volumeMounts"]}
+    claims = [
+        c["metadata"]["name"] for c in docs["StatefulSet/raftq"]["spec"]["volumeClaimTemplates"]
+    ]
+    assert mounts[claims[0]] == env(docs)["RAFTQ_DATA_DIR"]
+
+
+def test_probes_hit_routes_the_node_serves(docs: dict[str, Any]) -> None:
+    from raftq.node.app import build_app
+
+    app = build_app(LocalRaft())
+    paths = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
+    c = container(docs)
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" in paths
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" in paths
+    assert c["readinessProbe"]["httpGet"]["port"] == "http"
+    assert "preStop" in c["lifecycle"]
+    grace = docs["StatefulSet/raftq"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= 20  # the node's graceful shutdown bound fits inside it
