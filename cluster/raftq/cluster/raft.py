@@ -1,0 +1,897 @@
+"""The Raft binding: the only module that imports pysyncobj.
+
+``RaftNode`` runs one pysyncobj ``SyncObj`` subclass (``_Binding``) on its own tick thread and
+exposes one replicated entry point: ``await propose(commands)`` turns a batch of broker commands
+into ONE log entry (``entry.encode_entry``), replicates it and resolves with the per-command
+results once it is committed and applied. Outcomes are definite: a result, ``NotLeader`` /
+``QueueFull`` / ``EntryTooLarge`` (definitely not applied) or ``UnknownOutcome`` (maybe).
+
+What it changes in pysyncobj 0.3.17, through its extension points only:
+
+* journal: ``storage.Journal`` (checksummed, fdatasync'ed) replaces the mmap journal; the tick
+  loop syncs once per tick after every append, before a leader counts itself toward a majority
+  (that happens at the start of the next tick) and before a follower's acknowledgements
+  (``next_node_idx`` messages are held back until the sync) leave the node;
+* snapshots: ``_Snapshots`` replaces pysyncobj's serializer: msgpack through
+  ``Broker.snapshot/restore``, written by a forked child (the tick thread never blocks on a
+  large state), sealed with a CRC, temp file + fsync + rename + dir fsync; a snapshot that
+  fails to load stops the node;
+* leader acks: a stale ``next_node_idx`` no longer rewinds the follower's next index;
+* sends: pickle protocol 4 and no wire compression, and a send that does not fit the socket
+  buffer re-arms write interest so it is flushed when the socket becomes writable;
+* callbacks: proposals are tracked by (index, term) here, never by pysyncobj callbacks, so
+  every one resolves (apply, superseded entry, snapshot install, stop or timeout).
+
+Never call into pysyncobj from another thread than the tick thread, except through the
+thread-safe queues here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import struct
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgpack
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
+from pysyncobj.monotonic import monotonic
+from pysyncobj.node import TCPNode
+from pysyncobj.pipe_notifier import PipeNotifier
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_connection import CONNECTION_STATE
+
+from raftq.cluster.entry import apply_entry, encode_entry
+from raftq.cluster.state import Broker
+from raftq.cluster.storage import (
+    Disk,
+    Journal,
+    MetaStore,
+    OsDisk,
+    StorageCorrupt,
+    StorageError,
+    seal,
+    unseal,
+    write_atomic,
+)
+
+__all__ = [
+    "EntryTooLarge",
+    "NotLeader",
+    "QueueFull",
+    "RaftConfig",
+    "RaftError",
+    "RaftNode",
+    "RaftStatus",
+    "StorageCorrupt",
+    "StorageError",
+    "UnknownOutcome",
+]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# ---------------------------------------------------------------------------- tuning
+# Measured on the 2-core CI box (bench/raft_bench.py, tests/raft); see DESIGN.md.
+TICK = 0.01  # poll timeout of the tick thread: new proposals wake it through a pipe, so this
+# only bounds timer resolution (heartbeats, elections); 10 ms costs ~1% CPU when idle.
+APPEND_PERIOD = 0.05  # heartbeat only: entries are sent as soon as they are appended, so a
+# longer period does not add latency (the default 0.1 s made every entry wait for it).
+ELECTION_MIN, ELECTION_MAX = 1.0, 2.0  # with 0.4-1.4 s (default) a 2-core box running the
+# whole test suite saw tick stalls near 0.5 s (fsync + GC + CPU contention) and spurious
+# elections; 1-2 s keeps failover under ~2.5 s.
+LEADER_FALLBACK = 2.5  # an isolated leader steps down soon after the others can elect a new
+# one (> ELECTION_MAX), instead of accepting doomed proposals for 30 s (default).
+CONNECTION_TIMEOUT = 3.5  # pysyncobj requires >= ELECTION_MAX; dead peers are noticed by RST.
+RECONNECT = 0.3  # a restarted peer is reconnected within 0.3 s instead of 5 s (default).
+SOCKET_BUFFER = 4 << 20  # 64 KiB (default) filled with three 10 KiB entries in flight.
+MAX_ENTRY_BYTES = 4 << 20  # a proposal larger than this is refused (EntryTooLarge)
+APPEND_BATCH_BYTES = 8 << 20  # > MAX_ENTRY_BYTES: an entry never takes pysyncobj's chunked path
+COMPACTION_ENTRIES = 10_000  # entries are kept in RAM: 10k batches of 100 x 100 B ~ 100 MB
+COMPACTION_SECONDS = 300.0
+QUEUE_MAX = 4096  # proposals waiting for the tick thread (each is a batch); beyond: QueueFull
+PICKLE_PROTOCOL = 4  # pysyncobj uses 2, which encodes bytes as latin-1 text: ~3x slower
+WIRE_ZLIB_LEVEL = 0  # pysyncobj compresses every message at level 3; payloads are opaque
+# bytes and the link is local or LAN: stored (level 0) blocks cost almost nothing.
+
+_LEADER, _FOLLOWER, _CANDIDATE = 2, 0, 1
+_ROLES = {_LEADER: "leader", _FOLLOWER: "follower", _CANDIDATE: "candidate"}
+_REGULAR = b"\x00"  # pysyncobj's _COMMAND_TYPE.REGULAR prefix
+
+
+# ---------------------------------------------------------------------------- public types
+
+
+@dataclass(frozen=True)
+class RaftConfig:
+    node_id: str
+    raft_addr: str
+    api_addr: str
+    peers: dict[str, tuple[str, str]]
+    data_dir: str | None
+    secret: str | None
+    insecure: bool = False
+    fsync: str = "always"  # "always" | "never" (never: a power loss can lose acked entries)
+
+
+class RaftError(Exception):
+    """Base of the binding's errors."""
+
+
+class NotLeader(RaftError):
+    """Definitely not applied: this node is not the leader (or lost leadership first)."""
+
+    def __init__(
+        self, message: str, leader_id: str | None = None, leader_api: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.leader_id = leader_id
+        self.leader_api = leader_api
+
+
+class QueueFull(RaftError):
+    """Definitely not applied: too many proposals waiting, or none got into the log in time."""
+
+
+class EntryTooLarge(RaftError):
+    """Definitely not applied: the encoded batch exceeds MAX_ENTRY_BYTES."""
+
+
+class UnknownOutcome(RaftError, TimeoutError):
+    """The entry was appended but its fate is unknown (timeout, leadership lost, stop)."""
+
+
+@dataclass
+class RaftStatus:
+    node_id: str
+    role: str
+    leader_id: str | None
+    leader_api: str | None
+    term: int
+    commit_index: int
+    applied_index: int
+    members: dict[str, dict[str, Any]]
+    running: bool = True
+    error: str | None = None
+
+
+# ---------------------------------------------------------------------------- internals
+
+_QUEUED, _LOGGED, _DONE, _CANCELLED = 0, 1, 2, 3
+
+
+@dataclass(eq=False)
+class _Pending:
+    fut: asyncio.Future[list[dict[str, Any]]]
+    loop: asyncio.AbstractEventLoop
+    state: int = _QUEUED
+    index: int = 0
+    term: int = 0
+
+
+def _node(addr: str, node_id: str, api: str) -> Any:
+    return TCPNode(addr, raftq_id=node_id, raftq_api=api)
+
+
+class _Snapshots:
+    """pysyncobj's serializer interface: checkSerializing, serialize, deserialize and the
+    snapshot transmissions (camelCase names are pysyncobj's).
+
+    File layout: ``seal(msgpack([1, last_entry, prev_entry, [[addr, id, api], ...],
+    broker_snapshot]))``.
+    """
+
+    def __init__(self, owner: RaftNode, disk: Disk | None, path: str | None, chunk: int) -> None:
+        self._owner = owner
+        self._disk = disk
+        self._path = path
+        self._chunk = chunk
+        self._pid = 0
+        self._id: Any = None
+        self._mem: bytes | None = None  # in-memory mode, and a received snapshot to load
+        self._mem_done = False
+        self._tx: dict[Any, tuple[bytes, int]] = {}
+        self._rx: bytearray | None = None
+        self.installed = False  # the next deserialize() is a snapshot install, not startup
+
+    def _blob(self, data: Any) -> bytes:
+        last, prev, cluster = data[1], data[2], data[3]
+        nodes = [
+            [n.id, getattr(n, "raftq_id", n.id), getattr(n, "raftq_api", "")]
+            for n in sorted(cluster, key=lambda n: str(n.id))
+        ]
+        snap = self._owner.broker.snapshot()
+        body = [1, list(last), list(prev), nodes, snap]
+        return seal(msgpack.packb(body, use_bin_type=True))
+
+    def serialize(self, data: Any, id_: Any) -> None:
+        if self._pid or self._mem_done:
+            return
+        self._id = id_
+        if self._disk is None or self._path is None:
+            self._mem = self._blob(data)
+            self._mem_done = True
+            return
+        # A forked child writes the snapshot from a copy-on-write image of the state, so the
+        # tick thread (heartbeats) never waits for it: 1M messages take seconds to serialize.
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child process
+            code = 1
+            try:
+                write_atomic(self._disk, self._path, self._blob(data), self._owner.fsync)
+                code = 0
+            finally:
+                os._exit(code)
+        self._pid = pid
+
+    def checkSerializing(self) -> tuple[int, Any]:
+        if self._mem_done:
+            self._mem_done = False
+            return SERIALIZER_STATE.SUCCESS, self._id
+        if not self._pid:
+            return SERIALIZER_STATE.NOT_SERIALIZING, None
+        pid, status = os.waitpid(self._pid, os.WNOHANG)
+        if pid == 0:
+            return SERIALIZER_STATE.SERIALIZING, self._id
+        self._pid = 0
+        if status == 0:
+            self._tx.clear()
+            return SERIALIZER_STATE.SUCCESS, self._id
+        log.error("snapshot %s: writer failed (status %d); journal kept", self._path, status)
+        return SERIALIZER_STATE.FAILED, self._id
+
+    def _read(self) -> bytes | None:
+        if self._mem is not None:
+            return self._mem
+        if self._disk is None or self._path is None:
+            return None
+        return self._disk.read(self._path)
+
+    def exists(self) -> bool:
+        return self._read() is not None
+
+    def deserialize(self) -> tuple[Any, ...]:
+        try:
+            blob = self._read()
+            if blob is None:
+                raise StorageError(f"{self._path}: snapshot missing")
+            body = msgpack.unpackb(unseal(blob, str(self._path)), raw=False)
+            if not isinstance(body, list) or body[0] != 1:
+                raise StorageCorrupt(f"{self._path}: unknown snapshot version")
+            _, last, prev, nodes, snap = body
+            last_e = (bytes(last[0]), int(last[1]), int(last[2]))
+            prev_e = (bytes(prev[0]), int(prev[1]), int(prev[2]))
+            cluster = [_node(addr, nid, api) for addr, nid, api in nodes]
+            self._owner._restore(snap, nodes, last_e[1], install=self.installed)
+        except Exception as e:
+            err = e if isinstance(e, StorageError) else StorageError(f"{self._path}: {e!r}")
+            self._owner._fail(err)
+            raise err from e
+        finally:
+            self.installed = False
+            if self._disk is not None:
+                self._mem = None
+        return (None, last_e, prev_e, cluster)
+
+    def getTransmissionData(self, key: Any) -> tuple[bytes, bool, bool] | None:
+        if self._pid:
+            return None
+        tx = self._tx.get(key)
+        if tx is None:
+            blob = self._read()
+            if blob is None:
+                return None
+            tx = (blob, 0)
+        blob, off = tx
+        part = blob[off : off + self._chunk]
+        if part:
+            self._tx[key] = (blob, off + len(part))
+        else:
+            self._tx.pop(key, None)
+        return part, off == 0, not part
+
+    def setTransmissionData(self, data: Any) -> bool:
+        if data is None:
+            return False
+        part, first, last = data
+        if first:
+            self._rx = bytearray()
+        if self._rx is None:
+            return False
+        self._rx += part
+        if not last:
+            return False
+        blob, self._rx = bytes(self._rx), None
+        try:
+            unseal(blob, "received snapshot")
+        except StorageCorrupt as e:
+            log.error("%s; waiting for the leader to resend", e)
+            return False
+        if self._disk is not None and self._path is not None:
+            try:  # durable before pysyncobj clears the journal
+                write_atomic(self._disk, self._path, blob, self._owner.fsync)
+            except OSError as e:
+                self._owner._fail(StorageError(f"{self._path}: {e}"))
+                return False
+        self._mem = blob
+        self.installed = True
+        return True
+
+    def cancelTransmisstion(self, key: Any) -> None:
+        self._tx.pop(key, None)
+
+
+class _Binding(SyncObj):  # type: ignore[misc]
+    """The SyncObj subclass: one replicated method taking bytes."""
+
+    def __init__(self, owner: RaftNode, self_node: Any, others: list[Any], conf: Any) -> None:
+        self._rq = owner
+        super().__init__(self_node, others, conf)
+
+    @replicated  # type: ignore[untyped-decorator]
+    def raftq_apply(self, data: bytes) -> None:
+        self._rq._apply(data)
+
+    def _checkCommandsToApply(self) -> None:
+        super()._checkCommandsToApply()  # membership changes (pysyncobj's own queue)
+        self._rq._drain()
+        self._rq._deliver_all()  # before this tick's poll, which may wait a whole TICK
+
+
+# ---------------------------------------------------------------------------- the node
+
+
+class RaftNode:
+    def __init__(
+        self,
+        config: RaftConfig,
+        broker: Broker | None = None,
+        *,
+        disk: Disk | None = None,
+        compaction_entries: int = COMPACTION_ENTRIES,
+        fix_stale_acks: bool = True,
+    ) -> None:
+        if config.fsync not in ("always", "never"):
+            raise ValueError(f"fsync must be 'always' or 'never', not {config.fsync!r}")
+        if not config.secret and not config.insecure:
+            raise RaftError(
+                "refusing to start without a cluster secret: Raft messages are pickled, so"
+                " anyone reaching the Raft port could run code; set a secret (insecure=True"
+                " only for local development)"
+            )
+        self.config = config
+        self.broker = broker if broker is not None else Broker()
+        self.fsync = config.fsync == "always"
+        self._disk: Disk = disk if disk is not None else OsDisk()
+        self._compaction_entries = compaction_entries
+        self._fix_acks = fix_stale_acks
+        self._lock = threading.Lock()  # apply vs reads
+        self._qlock = threading.Lock()  # proposal queue and pending table
+        self._queue: deque[tuple[bytes, _Pending]] = deque()
+        self._pending: dict[int, _Pending] = {}
+        self._done: list[tuple[_Pending, Any, BaseException | None]] = []
+        self._calls: deque[Callable[[], None]] = deque()
+        self._acks: list[tuple[Any, Any]] = []
+        self._listeners: list[Callable[[], None]] = []
+        self._fatal: BaseException | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._b: Any = None
+        self._journal: Journal | None = None
+        self._snaps: _Snapshots | None = None
+        self._notifier: Any = None
+        self._func: Any = None
+        self._orig_send: Any = None
+        self._orig_on_message: Any = None
+        self._info: dict[str, tuple[str, str]] = {
+            config.raft_addr: (config.node_id, config.api_addr)
+        }
+        for nid, (raddr, api) in config.peers.items():
+            self._info[raddr] = (nid, api)
+        self.stats = {"stale_acks_ignored": 0, "rearmed_sends": 0, "syncs": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        cfg = self.config
+        journal_path = meta_path = snap_path = None
+        if cfg.data_dir is not None:
+            os.makedirs(cfg.data_dir, exist_ok=True)
+            journal_path = os.path.join(cfg.data_dir, "journal.log")
+            meta_path = os.path.join(cfg.data_dir, "meta.bin")
+            snap_path = os.path.join(cfg.data_dir, "snapshot.bin")
+            meta = MetaStore(self._disk, meta_path, self.fsync)
+            journal = Journal(self._disk, journal_path, meta, self.fsync)
+            disk: Disk | None = self._disk
+        else:
+            journal = Journal(None, None, None)
+            disk = None
+        conf = SyncObjConf(
+            autoTick=False,  # our own tick loop: sync, flush held acks, deliver completions
+            autoTickPeriod=TICK,
+            password=cfg.secret or None,
+            bindAddress=cfg.raft_addr,  # never 0.0.0.0 (pysyncobj's default for a host)
+            bindRetryTime=0.1,
+            maxBindRetries=10,
+            appendEntriesPeriod=APPEND_PERIOD,
+            raftMinTimeout=ELECTION_MIN,
+            raftMaxTimeout=ELECTION_MAX,
+            leaderFallbackTimeout=LEADER_FALLBACK,
+            connectionTimeout=CONNECTION_TIMEOUT,
+            connectionRetryTime=RECONNECT,
+            sendBufferSize=SOCKET_BUFFER,
+            recvBufferSize=SOCKET_BUFFER,
+            appendEntriesBatchSizeBytes=APPEND_BATCH_BYTES,
+            logCompactionBatchSize=1 << 20,
+            logCompactionMinEntries=self._compaction_entries,
+            logCompactionMinTime=COMPACTION_SECONDS,
+            commandsQueueSize=1000,  # pysyncobj's queue: membership changes only
+            commandsWaitLeader=False,  # a proposal without a leader fails at once (NotLeader)
+            dynamicMembershipChange=True,
+        )
+        others = [_node(raddr, nid, api) for nid, (raddr, api) in cfg.peers.items()]
+        try:
+            b = _Binding(self, _node(cfg.raft_addr, cfg.node_id, cfg.api_addr), others, conf)
+        except Exception as e:
+            journal._destroy()
+            raise RaftError(f"cannot start Raft on {cfg.raft_addr}: {e!r}") from e
+        self._b = b
+        # Our journal and serializer replace the ones pysyncobj built (before any tick ran).
+        if len(journal) == 0:
+            journal.add(b"\x01", 1, 0)  # pysyncobj's initial no-op entry
+            journal.sync()
+        b._SyncObj__raftLog = journal
+        b._SyncObj__raftCurrentTerm = max(journal.getCurrentTerm(), journal[-1][2])
+        b._SyncObj__votedForNodeId = journal.getVotedForNodeId()
+        b._SyncObj__raftCommitIndex = 1
+        b._SyncObj__needLoadDumpFile = False
+        self._journal = journal
+        self._snaps = _Snapshots(self, disk, snap_path, 1 << 20)
+        b._SyncObj__serializer = self._snaps
+        self._func = b._methodToID[b._getFuncName("raftq_apply")]
+        transport = b._SyncObj__transport
+        self._orig_send = transport.send
+        self._orig_on_message = b._SyncObj__onMessageReceived
+        transport.send = self._send
+        transport.setOnMessageReceivedCallback(self._on_message)
+        self._notifier = PipeNotifier(b._poller)
+        if self._snaps.exists():
+            b._SyncObj__loadDumpFile(clearJournal=False)
+            if self._fatal is not None:
+                b._doDestroy()
+                raise self._fatal
+        self._thread = threading.Thread(target=self._run, name=f"raft-{cfg.node_id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        b = self._b
+        while not self._stopping and self._fatal is None:
+            try:
+                b.doTick(TICK)
+                self._after_tick()
+            except StorageError as e:
+                self._fail(e)
+            except Exception:
+                log.exception("raft tick failed")
+                time.sleep(TICK)
+        try:
+            if self._fatal is None:
+                self._after_tick()
+        except Exception:
+            log.exception("final flush failed")
+        try:
+            b._doDestroy()
+        except Exception:
+            log.exception("closing raft failed")
+        self._fail_all()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10.0)
+        self._fail_all()
+
+    def _fail(self, err: BaseException) -> None:
+        if self._fatal is None:
+            log.critical("raft node %s stopped: %s", self.config.node_id, err)
+            self._fatal = err
+
+    def _fail_all(self) -> None:
+        with self._qlock:
+            queued = list(self._queue)
+            self._queue.clear()
+            pending = list(self._pending.values())
+            self._pending.clear()
+            for _, p in queued:
+                if p.state == _QUEUED:
+                    p.state = _DONE
+                    self._done.append((p, None, NotLeader("node stopping; not applied")))
+            for p in pending:
+                if p.state == _LOGGED:
+                    p.state = _DONE
+                    self._done.append((p, None, UnknownOutcome("node stopped before commit")))
+        self._deliver_all()
+
+    # ------------------------------------------------------------------ tick thread
+
+    def _wake(self) -> None:
+        if self._notifier is not None:
+            with contextlib.suppress(OSError):  # pipe full: a wake-up is already pending
+                self._notifier.notify()
+
+    def _after_tick(self) -> None:
+        journal = self._journal
+        assert journal is not None
+        if journal.dirty:
+            journal.sync()
+            self.stats["syncs"] += 1
+        if self._acks:
+            acks, self._acks = self._acks, []
+            for node, msg in acks:
+                self._send_now(node, msg)
+        self._deliver_all()
+
+    def _deliver_all(self) -> None:
+        if not self._done:
+            return
+        done, self._done = self._done, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, Any, Any]]] = {}
+        for item in done:
+            by_loop.setdefault(item[0].loop, []).append(item)
+        for loop, items in by_loop.items():
+            # One wake-up per batch of completions, not one per proposal; a closed loop means
+            # nobody is waiting any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve, items)
+
+    def _drain(self) -> None:
+        while self._calls:
+            self._calls.popleft()()
+        if not self._queue:
+            return
+        b = self._b
+        journal = self._journal
+        assert journal is not None
+        added = False
+        with self._qlock:
+            leader = b._SyncObj__raftState == _LEADER
+            err = None if leader else self._not_leader("lost leadership before appending")
+            while self._queue:
+                data, p = self._queue.popleft()
+                if p.state != _QUEUED:
+                    continue
+                if err is not None:
+                    p.state = _DONE
+                    self._done.append((p, None, err))
+                    continue
+                idx = journal[-1][1] + 1
+                term = b._SyncObj__raftCurrentTerm
+                cmd = _REGULAR + pickle.dumps((self._func, (data,)), PICKLE_PROTOCOL)
+                journal.add(cmd, idx, term)
+                p.state, p.index, p.term = _LOGGED, idx, term
+                self._pending[idx] = p
+                added = True
+        if added:
+            # Send now (pysyncobj would wait for the next heartbeat), then sync while the
+            # followers do the same: the leader counts itself at the start of the next tick.
+            b._SyncObj__sendAppendEntries()
+            journal.sync()
+            self.stats["syncs"] += 1
+
+    def _apply(self, data: bytes) -> None:
+        b = self._b
+        idx = b._SyncObj__raftLastApplied + 1
+        with self._lock:
+            results = apply_entry(self.broker, data)
+        if self._pending:
+            with self._qlock:
+                # Lower indexes were applied as other entries (no-op, membership): superseded.
+                while self._pending:
+                    first = next(iter(self._pending))
+                    if first >= idx:
+                        break
+                    old = self._pending.pop(first)
+                    if old.state == _LOGGED:
+                        old.state = _DONE
+                        err = self._not_leader(f"entry {first} was superseded; not applied")
+                        self._done.append((old, None, err))
+                p = self._pending.pop(idx, None)
+                if p is not None and p.state == _LOGGED:
+                    p.state = _DONE
+                    journal = self._journal
+                    assert journal is not None
+                    if journal.term_at(idx) == p.term:
+                        self._done.append((p, results, None))
+                    else:
+                        err = self._not_leader(f"entry {idx} was superseded; not applied")
+                        self._done.append((p, None, err))
+        for cb in self._listeners:
+            cb()
+
+    def _restore(self, snap: bytes, nodes: list[Any], last_index: int, install: bool) -> None:
+        with self._lock:
+            self.broker.restore(snap)
+        for addr, nid, api in nodes:
+            self._info[addr] = (nid, api)
+        if install:
+            with self._qlock:
+                for idx in [i for i in self._pending if i <= last_index]:
+                    p = self._pending.pop(idx)
+                    if p.state == _LOGGED:
+                        p.state = _DONE
+                        err = UnknownOutcome(f"entry {idx} was covered by an installed snapshot")
+                        self._done.append((p, None, err))
+
+    # ------------------------------------------------------------------ transport hooks
+
+    def _on_message(self, node: Any, message: Any) -> None:
+        b = self._b
+        if (
+            self._fix_acks
+            and isinstance(message, dict)
+            and message.get("type") == "next_node_idx"
+            and b._SyncObj__raftState == _LEADER
+        ):
+            self._on_ack(node, message)
+            return
+        self._orig_on_message(node, message)
+
+    def _on_ack(self, node: Any, message: dict[str, Any]) -> None:
+        """pysyncobj sets next_index to whatever an ack says, so an ack for an older append
+        rewinds it below entries already in flight: they are sent again and the follower
+        truncates and rewrites entries it had (and may have applied). Only move forward on
+        success; on a rejection trust the follower (acks arrive in order) but never below its
+        match index unless it says it lost entries."""
+        b = self._b
+        match = b._SyncObj__raftMatchIndex
+        nxt_tbl = b._SyncObj__raftNextIndex
+        nxt = int(message["next_node_idx"])
+        if node in match:
+            if message.get("success"):
+                if nxt - 1 > match[node]:
+                    match[node] = nxt - 1
+                if nxt > nxt_tbl.get(node, 0):
+                    nxt_tbl[node] = nxt
+                elif nxt < nxt_tbl.get(node, 0):
+                    self.stats["stale_acks_ignored"] += 1  # pysyncobj would rewind here
+            elif message.get("reset"):
+                if nxt - 1 < match[node]:
+                    log.warning(
+                        "follower %s reports log end %d below its match index %d",
+                        node,
+                        nxt - 1,
+                        match[node],
+                    )
+                    match[node] = nxt - 1
+                nxt_tbl[node] = nxt
+        b._SyncObj__lastResponseTime[node] = monotonic()
+
+    def _send(self, node: Any, message: Any) -> bool:
+        if isinstance(message, dict) and message.get("type") == "next_node_idx":
+            # A follower's ack waits for the end of the tick: the journal is synced first.
+            self._acks.append((node, message))
+            return True
+        return self._send_now(node, message)
+
+    def _send_now(self, node: Any, message: Any) -> bool:
+        transport = self._b._SyncObj__transport
+        conn = transport._connections.get(node)
+        if conn is None or conn.state != CONNECTION_STATE.CONNECTED:
+            return False
+        if conn.sendRandKey:
+            message = (conn.sendRandKey, message)
+        data = zlib.compress(pickle.dumps(message, PICKLE_PROTOCOL), WIRE_ZLIB_LEVEL)
+        if conn.encryptor:
+            data = conn.encryptor.encrypt_at_time(data, int(monotonic()))
+        conn._TcpConnection__writeBuffer += struct.pack("i", len(data)) + data
+        conn._TcpConnection__trySendBuffer()
+        if conn.state != CONNECTION_STATE.CONNECTED:
+            return False
+        if conn.getSendBufferSize() > 0:
+            # pysyncobj re-arms write interest only inside a write event, so a send that did not
+            # fit the socket buffer would sit until the next send (up to a heartbeat later).
+            self.stats["rearmed_sends"] += 1
+            ev = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR
+            self._b._poller.subscribe(conn.fileno(), conn._TcpConnection__processConnection, ev)
+        return True
+
+    # ------------------------------------------------------------------ public API
+
+    def _check_running(self) -> None:
+        if self._fatal is not None:
+            raise RaftError(f"raft node stopped: {self._fatal}")
+        if self._b is None or self._stopping:
+            raise NotLeader("raft node not running")
+
+    def _not_leader(self, why: str = "not the leader") -> NotLeader:
+        lid, lapi = self._leader()
+        return NotLeader(f"{why}; leader is {lid or 'unknown'}", lid, lapi)
+
+    def _leader(self) -> tuple[str | None, str | None]:
+        b = self._b
+        leader = b._getLeader() if b is not None else None
+        if leader is None:
+            return None, None
+        info = self._info.get(leader.id)
+        if info is not None:
+            return info
+        return getattr(leader, "raftq_id", None), getattr(leader, "raftq_api", None)
+
+    def is_leader(self) -> bool:
+        b = self._b
+        return b is not None and self._fatal is None and b._SyncObj__raftState == _LEADER
+
+    async def propose(
+        self, commands: list[dict[str, Any]], timeout: float = 5.0
+    ) -> list[dict[str, Any]]:
+        self._check_running()
+        if not self.is_leader():
+            raise self._not_leader()
+        data = encode_entry(int(time.time() * 1000), commands)
+        if len(data) > MAX_ENTRY_BYTES:
+            raise EntryTooLarge(f"entry of {len(data)} bytes exceeds {MAX_ENTRY_BYTES}")
+        loop = asyncio.get_running_loop()
+        p = _Pending(loop.create_future(), loop)
+        with self._qlock:
+            if len(self._queue) >= QUEUE_MAX:
+                raise QueueFull(f"{QUEUE_MAX} proposals already waiting; not applied")
+            self._queue.append((data, p))
+        self._wake()
+        try:
+            return await asyncio.wait_for(asyncio.shield(p.fut), timeout)
+        except TimeoutError:
+            with self._qlock:
+                if p.state == _QUEUED:
+                    p.state = _CANCELLED
+                    raise QueueFull(f"not appended within {timeout}s; not applied") from None
+                if p.state == _LOGGED:
+                    p.state = _CANCELLED
+                    if self._pending.get(p.index) is p:
+                        del self._pending[p.index]
+            raise UnknownOutcome(
+                f"entry {p.index} (term {p.term}) not committed within {timeout}s"
+            ) from None
+
+    def read(self, fn: Callable[[Broker], T]) -> T:
+        with self._lock:
+            return fn(self.broker)
+
+    def add_apply_listener(self, cb: Callable[[], None]) -> None:
+        self._listeners.append(cb)
+
+    def status(self) -> RaftStatus:
+        cfg = self.config
+        b = self._b
+        members: dict[str, dict[str, Any]] = {
+            cfg.node_id: {
+                "raft": cfg.raft_addr,
+                "api": cfg.api_addr,
+                "connected": True,
+                "self": True,
+            }
+        }
+        if b is None:
+            return RaftStatus(cfg.node_id, "follower", None, None, 0, 0, 0, members, False)
+        for n in sorted(b.otherNodes, key=lambda n: str(n.id)):
+            nid, api = self._info.get(
+                n.id, (getattr(n, "raftq_id", n.id), getattr(n, "raftq_api", ""))
+            )
+            members[nid] = {
+                "raft": n.id,
+                "api": api,
+                "connected": b.isNodeConnected(n),
+                "self": False,
+            }
+        lid, lapi = self._leader()
+        applied = b._SyncObj__raftLastApplied
+        running = self._fatal is None and not self._stopping and self._thread is not None
+        return RaftStatus(
+            node_id=cfg.node_id,
+            role=_ROLES.get(b._SyncObj__raftState, "follower"),
+            leader_id=lid,
+            leader_api=lapi,
+            term=b._SyncObj__raftCurrentTerm,
+            commit_index=max(b._SyncObj__raftCommitIndex, applied),
+            applied_index=applied,
+            members=members,
+            running=running,
+            error=None if self._fatal is None else str(self._fatal),
+        )
+
+    async def _on_tick_thread(
+        self, fn: Callable[[Callable[[Any, Any], None]], None], timeout: float
+    ) -> tuple[Any, Any]:
+        """Run ``fn(callback)`` on the tick thread; wait for ``callback(result, error)``."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[Any, Any]] = loop.create_future()
+
+        def callback(res: Any, err: Any) -> None:
+            def settle() -> None:
+                if not fut.done():
+                    fut.set_result((res, err))
+
+            loop.call_soon_threadsafe(settle)
+
+        self._calls.append(lambda: fn(callback))
+        self._wake()
+        return await asyncio.wait_for(fut, timeout)
+
+    async def transfer_leadership(self, timeout: float = 5.0) -> bool:
+        """Hand leadership to the most caught-up follower; True once another node leads."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.is_leader():
+                return self._leader()[0] not in (None, self.config.node_id)
+            try:
+                _, err = await self._on_tick_thread(
+                    lambda cb: self._b.transferLeadership(callback=cb),
+                    max(0.05, deadline - time.monotonic()),
+                )
+            except TimeoutError:
+                return False
+            if err == FAIL_REASON.SUCCESS:
+                # Role changes on the tick thread; polling it is simplest and bounded.
+                while time.monotonic() < deadline and self.is_leader():  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+            else:
+                await asyncio.sleep(0.05)  # no follower fully caught up yet
+        return not self.is_leader() and self._leader()[0] not in (None, self.config.node_id)
+
+    async def _membership(self, op: str, node: Any, timeout: float) -> None:
+        self._check_running()
+        if not self.is_leader():
+            raise self._not_leader()
+        method = self._b.addNodeToCluster if op == "add" else self._b.removeNodeFromCluster
+        try:
+            _, err = await self._on_tick_thread(lambda cb: method(node, callback=cb), timeout)
+        except TimeoutError:
+            raise UnknownOutcome(
+                f"membership change {op} {node.id} not committed in time"
+            ) from None
+        if err != FAIL_REASON.SUCCESS:
+            if err in (FAIL_REASON.NOT_LEADER, FAIL_REASON.MISSING_LEADER):
+                raise self._not_leader()
+            if err == FAIL_REASON.QUEUE_FULL:
+                raise QueueFull("membership queue full")
+            raise RaftError(f"membership change {op} {node.id} refused (reason {err})")
+
+    async def add_member(
+        self, node_id: str, raft_addr: str, api_addr: str, timeout: float = 10.0
+    ) -> None:
+        self._info[raft_addr] = (node_id, api_addr)
+        await self._membership("add", _node(raft_addr, node_id, api_addr), timeout)
+
+    async def remove_member(self, node_id: str, timeout: float = 10.0) -> None:
+        self._check_running()
+        target = next(
+            (n for n in self._b.otherNodes if self._info.get(n.id, ("",))[0] == node_id), None
+        ) or next((n for n in self._b.otherNodes if getattr(n, "raftq_id", None) == node_id), None)
+        if target is None:
+            raise RaftError(f"cannot remove {node_id!r}: not a member (or this node)")
+        await self._membership("rem", target, timeout)
+
+    def force_compaction(self) -> None:
+        """Start a snapshot now (tests, benchmarks)."""
+        self._calls.append(lambda: self._b.forceLogCompaction())
+        self._wake()
+
+
+def _resolve(items: list[tuple[_Pending, Any, BaseException | None]]) -> None:
+    for p, result, err in items:
+        if p.fut.done():
+            continue
+        if err is not None:
+            p.fut.set_exception(err)
+        else:
+            p.fut.set_result(result)

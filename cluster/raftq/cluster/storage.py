@@ -1,0 +1,386 @@
+"""Durable files of one Raft node: the checksummed journal, term/vote meta, snapshot files.
+
+Every byte goes through a ``Disk`` (``OsDisk`` in production) so tests can inject a layer that
+records what was synced and simulate power loss. Rules kept here:
+
+* journal records carry a magic, a length and a CRC32; a torn *last* record is cut off with a
+  warning, a bad record with valid records after it is corruption and raises ``StorageCorrupt``
+  naming the file (the node must not start: never silent loss);
+* ``sync()`` is one fdatasync for everything appended since the last one (group commit); the
+  binding calls it before an entry counts on the leader and before a follower acknowledges;
+* small files (meta, snapshots, rewritten journals) are replaced atomically: temp file, fsync,
+  rename, directory fsync.
+
+With ``fsync=False`` ("never") every sync is skipped: a kill -9 loses nothing, a power loss can
+lose acknowledged entries. This module never imports pysyncobj.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from typing import Any, Protocol, overload
+
+import msgpack
+
+log = logging.getLogger(__name__)
+
+Entry = tuple[bytes, int, int]  # (command, index, term) - pysyncobj's journal tuple
+
+JOURNAL_HEADER = b"RAFTQJ1\n"
+RECORD_MAGIC = 0x5251_4A52  # "RQJR"
+_REC = struct.Struct("<III")  # magic, payload length, crc32(payload)
+_IDX = struct.Struct("<QQ")  # index, term
+BLOB_MAGIC = b"RAFTQB1\n"
+_BLOB = struct.Struct("<QI")  # length, crc32
+
+
+class StorageError(Exception):
+    """An I/O failure of the journal/meta/snapshot files; the node must stop."""
+
+
+class StorageCorrupt(StorageError):
+    """A file failed its checksum somewhere other than a torn tail."""
+
+
+class DiskFile(Protocol):
+    def write(self, data: bytes) -> None: ...  # append at the end
+    def truncate(self, size: int) -> None: ...
+    def sync(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Disk(Protocol):
+    def read(self, path: str) -> bytes | None: ...  # None when missing
+    def open_append(self, path: str) -> DiskFile: ...  # creates when missing
+    def create(self, path: str) -> DiskFile: ...  # creates or empties
+    def rename(self, src: str, dst: str) -> None: ...
+    def remove(self, path: str) -> None: ...
+    def sync_dir(self, path: str) -> None: ...
+
+
+class _OsFile:
+    def __init__(self, path: str, flags: int) -> None:
+        self.fd = os.open(path, flags | os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+
+    def sync(self) -> None:
+        os.fdatasync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class OsDisk:
+    """The real file system."""
+
+    def read(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def open_append(self, path: str) -> DiskFile:
+        return _OsFile(path, 0)
+
+    def create(self, path: str) -> DiskFile:
+        return _OsFile(path, os.O_TRUNC)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def sync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomic(disk: Disk, path: str, data: bytes, fsync: bool) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, directory fsync."""
+    tmp = path + ".tmp"
+    f = disk.create(tmp)
+    try:
+        f.write(data)
+        if fsync:
+            f.sync()
+    finally:
+        f.close()
+    disk.rename(tmp, path)
+    if fsync:
+        disk.sync_dir(os.path.dirname(path) or ".")
+
+
+def seal(payload: bytes) -> bytes:
+    """Frame a blob with magic, length and CRC32 (meta and snapshot files)."""
+    return BLOB_MAGIC + _BLOB.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def unseal(data: bytes, path: str) -> bytes:
+    head = len(BLOB_MAGIC) + _BLOB.size
+    if len(data) < head or not data.startswith(BLOB_MAGIC):
+        raise StorageCorrupt(f"{path}: not a raftq file or truncated header")
+    size, crc = _BLOB.unpack_from(data, len(BLOB_MAGIC))
+    payload = data[head : head + size]
+    if len(payload) != size or zlib.crc32(payload) != crc:
+        raise StorageCorrupt(f"{path}: checksum mismatch ({len(data)} bytes on disk)")
+    return payload
+
+
+class MetaStore:
+    """currentTerm and votedFor, durable before any message reflecting them is sent."""
+
+    def __init__(self, disk: Disk, path: str, fsync: bool) -> None:
+        self.disk, self.path, self.fsync = disk, path, fsync
+        data = disk.read(path)
+        self.term, self.voted_for = 0, None
+        if data is not None:
+            obj = msgpack.unpackb(unseal(data, path), raw=False)
+            self.term, self.voted_for = int(obj["term"]), obj["vote"]
+
+    def store(self, term: int, voted_for: str | None) -> None:
+        if (term, voted_for) == (self.term, self.voted_for):
+            return
+        blob = seal(msgpack.packb({"term": term, "vote": voted_for}))
+        try:
+            write_atomic(self.disk, self.path, blob, self.fsync)
+        except OSError as e:
+            raise StorageError(f"{self.path}: {e}") from e
+        self.term, self.voted_for = term, voted_for
+
+
+class Journal:
+    """pysyncobj's journal interface over an append-only checksummed file.
+
+    Entries live in memory too (pysyncobj indexes and slices them); compaction keeps the list
+    short. ``path=None`` keeps everything in memory (tests only).
+    """
+
+    def __init__(
+        self,
+        disk: Disk | None,
+        path: str | None,
+        meta: MetaStore | None,
+        fsync: bool = True,
+    ) -> None:
+        self._disk = disk
+        self._path = path
+        self._meta = meta
+        self._fsync = fsync
+        self._entries: list[Entry] = []
+        self._offsets: list[int] = []  # file offset of each entry's record
+        self._end = len(JOURNAL_HEADER)
+        self._file: DiskFile | None = None
+        self.dirty = False
+        self._term = meta.term if meta else 0
+        self._vote: str | None = meta.voted_for if meta else None
+        self.on_truncate: Callable[[int], None] | None = None  # first removed index
+        if disk is not None and path is not None:
+            self._load(disk, path)
+
+    # ---------------------------------------------------------------- file format
+
+    @staticmethod
+    def _record(command: bytes, idx: int, term: int) -> bytes:
+        payload = _IDX.pack(idx, term) + command
+        return _REC.pack(RECORD_MAGIC, len(payload), zlib.crc32(payload)) + payload
+
+    @staticmethod
+    def _parse(data: bytes, off: int) -> tuple[Entry, int] | None:
+        """The record at ``off`` and the offset after it, or None when it is not intact."""
+        if off + _REC.size > len(data):
+            return None
+        magic, size, crc = _REC.unpack_from(data, off)
+        start = off + _REC.size
+        if magic != RECORD_MAGIC or size < _IDX.size or start + size > len(data):
+            return None
+        payload = data[start : start + size]
+        if zlib.crc32(payload) != crc:
+            return None
+        idx, term = _IDX.unpack_from(payload)
+        return (payload[_IDX.size :], idx, term), start + size
+
+    def _load(self, disk: Disk, path: str) -> None:
+        data = disk.read(path)
+        if data is None or len(data) == 0:
+            self._rewrite([])
+            return
+        if not data.startswith(JOURNAL_HEADER):
+            if len(data) < len(JOURNAL_HEADER) and JOURNAL_HEADER.startswith(data):
+                log.warning("journal %s: torn header (%d bytes) rewritten", path, len(data))
+                self._rewrite([])
+                return
+            raise StorageCorrupt(f"{path}: not a raftq journal (bad header)")
+        off = len(JOURNAL_HEADER)
+        magic = _REC.pack(RECORD_MAGIC, 0, 0)[:4]
+        while off < len(data):
+            parsed = self._parse(data, off)
+            if parsed is None:
+                # Torn tail or corruption? Any intact record after this point means corruption.
+                probe = data.find(magic, off + 1)
+                while probe != -1:
+                    if self._parse(data, probe) is not None:
+                        raise StorageCorrupt(
+                            f"{path}: corrupt record at offset {off} followed by intact records"
+                            f" (at {probe}); refusing to start"
+                        )
+                    probe = data.find(magic, probe + 1)
+                log.warning(
+                    "journal %s: torn last record at offset %d (%d bytes) truncated;"
+                    " it was never synced, so never acknowledged",
+                    path,
+                    off,
+                    len(data) - off,
+                )
+                break
+            entry, nxt = parsed
+            if self._entries and entry[1] != self._entries[-1][1] + 1:
+                raise StorageCorrupt(
+                    f"{path}: index gap at offset {off} ({self._entries[-1][1]} -> {entry[1]})"
+                )
+            self._entries.append(entry)
+            self._offsets.append(off)
+            off = nxt
+        self._end = off
+        try:
+            self._file = disk.open_append(path)
+            if off < len(data):
+                self._file.truncate(off)
+                self._file.sync()
+        except OSError as e:
+            raise StorageError(f"{path}: {e}") from e
+
+    def _rewrite(self, entries: list[Entry]) -> None:
+        """Replace the file with exactly ``entries`` (compaction, clear): atomic and durable."""
+        self._entries = list(entries)
+        self._offsets = []
+        if self._disk is None or self._path is None:
+            return
+        buf = bytearray(JOURNAL_HEADER)
+        for command, idx, term in self._entries:
+            self._offsets.append(len(buf))
+            buf += self._record(command, idx, term)
+        try:
+            if self._file is not None:
+                self._file.close()
+            write_atomic(self._disk, self._path, bytes(buf), self._fsync)
+            self._file = self._disk.open_append(self._path)
+        except OSError as e:
+            raise StorageError(f"{self._path}: {e}") from e
+        self._end = len(buf)
+        self.dirty = False
+
+    # ---------------------------------------------------------------- durability
+
+    def sync(self) -> None:
+        """One fdatasync for every record appended since the last call (no-op for 'never')."""
+        if not self.dirty:
+            return
+        self.dirty = False
+        if self._file is not None and self._fsync:
+            try:
+                self._file.sync()
+            except OSError as e:
+                raise StorageError(f"{self._path}: fdatasync failed: {e}") from e
+
+    def term_at(self, idx: int) -> int | None:
+        if not self._entries:
+            return None
+        pos = idx - self._entries[0][1]
+        if 0 <= pos < len(self._entries):
+            return self._entries[pos][2]
+        return None
+
+    # ---------------------------------------------------------------- pysyncobj's interface
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        self._entries.append((command, idx, term))
+        if self._file is None:
+            return
+        rec = self._record(command, idx, term)
+        try:
+            self._file.write(rec)
+        except OSError as e:
+            raise StorageError(f"{self._path}: {e}") from e
+        self._offsets.append(self._end)
+        self._end += len(rec)
+        self.dirty = True
+
+    def clear(self) -> None:
+        self._rewrite([])
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
+        if entryFrom >= len(self._entries):
+            return
+        first_removed = self._entries[entryFrom][1]
+        del self._entries[entryFrom:]
+        if self._file is not None:
+            self._end = self._offsets[entryFrom]
+            del self._offsets[entryFrom:]
+            try:
+                self._file.truncate(self._end)
+            except OSError as e:
+                raise StorageError(f"{self._path}: {e}") from e
+            self.dirty = True
+        if self.on_truncate is not None:
+            self.on_truncate(first_removed)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:
+        self._rewrite(self._entries[entryTo:])
+
+    @overload
+    def __getitem__(self, item: int) -> Entry: ...
+    @overload
+    def __getitem__(self, item: slice) -> list[Entry]: ...
+    def __getitem__(self, item: int | slice) -> Entry | list[Entry]:
+        return self._entries[item]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _destroy(self) -> None:
+        if self._file is not None:
+            try:
+                self.sync()
+            finally:
+                self._file.close()
+                self._file = None
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
+        # Not persisted: after a restart the commit index is relearned from the leader.
+        pass
+
+    def getRaftCommitIndex(self) -> int:
+        return 1
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:
+        if self._meta is not None:
+            self._meta.store(term, votedForNodeId)
+        self._term, self._vote = term, votedForNodeId
+
+    def getCurrentTerm(self) -> int:
+        return self._term
+
+    def getVotedForNodeId(self) -> Any:
+        return self._vote
+
+    def onOneSecondTimer(self) -> None:
+        pass
