@@ -1,0 +1,5 @@
+import sys
+
+from raftq.node.cli import main
+
+sys.exit(main())

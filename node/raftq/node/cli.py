@@ -1,0 +1,162 @@
+"""The ``raftq`` command: ``raftq node`` (one broker process) and ``raftq cluster up`` (a local
+dev cluster). Client subcommands are added by ``raftq.client.cli.register`` when installed.
+
+Every ``raftq node`` option has an environment variable (``RAFTQ_ID``, ``RAFTQ_LISTEN``,
+``RAFTQ_RAFT``, ``RAFTQ_PEERS``, ``RAFTQ_DATA_DIR``, ``RAFTQ_SECRET``, ``RAFTQ_INSECURE``,
+``RAFTQ_FSYNC``, ``RAFTQ_MAX_BODY``); a flag wins over the variable. Peers are
+``id=raft_host:port/api_host:port`` separated by commas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"RAFTQ_{name}", default)
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("node", help="run one broker node", description=__doc__)
+    p.add_argument("--id", default=_env("ID"), help="node id, e.g. n1 [RAFTQ_ID]")
+    p.add_argument(
+        "--listen",
+        default=_env("LISTEN", "127.0.0.1:8001"),
+        help="HTTP API host:port [RAFTQ_LISTEN] (default 127.0.0.1:8001)",
+    )
+    p.add_argument(
+        "--raft",
+        default=_env("RAFT", "127.0.0.1:9001"),
+        help="Raft host:port [RAFTQ_RAFT] (default 127.0.0.1:9001)",
+    )
+    p.add_argument(
+        "--peers",
+        default=_env("PEERS", ""),
+        help="other members: id=raft_host:port/api_host:port,... [RAFTQ_PEERS]",
+    )
+    p.add_argument(
+        "--data-dir", default=_env("DATA_DIR"), help="journal and snapshots [RAFTQ_DATA_DIR]"
+    )
+    p.add_argument(
+        "--secret",
+        default=_env("SECRET"),
+        help="shared cluster secret [RAFTQ_SECRET]; prefer the variable",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=_truthy(_env("INSECURE")),
+        help="allow running without a secret (tests only) [RAFTQ_INSECURE]",
+    )
+    p.add_argument(
+        "--fsync",
+        choices=["always", "never"],
+        default=_env("FSYNC", "always"),
+        help="fsync the journal before acknowledging [RAFTQ_FSYNC]",
+    )
+    p.add_argument(
+        "--max-body",
+        type=int,
+        default=int(_env("MAX_BODY", str(8 << 20)) or 0),
+        help="largest request body in bytes [RAFTQ_MAX_BODY] (default 8 MiB)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=15.0,
+        help="bound on graceful shutdown, seconds (default 15)",
+    )
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    p.set_defaults(func=_run_node, parser=p)
+
+
+def _run_node(args: argparse.Namespace) -> int:
+    from raftq.node.server import NodeOptions, parse_peers, serve, split_hostport
+
+    parser: argparse.ArgumentParser = args.parser
+    if not args.id:
+        parser.error("--id (or RAFTQ_ID) is required")
+    if not args.secret and not args.insecure:
+        parser.error("--secret (or RAFTQ_SECRET) is required unless --insecure")
+    try:
+        split_hostport(args.listen, "--listen")
+        split_hostport(args.raft, "--raft")
+        peers = parse_peers(args.peers or "")
+    except ValueError as e:
+        parser.error(str(e))
+    if args.id in peers:
+        parser.error(f"--peers must not contain this node ({args.id})")
+    _logging(args.log_level)
+    opts = NodeOptions(
+        node_id=args.id,
+        listen=args.listen,
+        raft=args.raft,
+        peers=peers,
+        data_dir=args.data_dir,
+        secret=args.secret,
+        insecure=args.insecure,
+        fsync=args.fsync,
+        max_body=args.max_body,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    return asyncio.run(serve(opts))
+
+
+def add_cluster_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("cluster", help="local development cluster")
+    csub = p.add_subparsers(dest="cluster_cmd", required=True)
+    up = csub.add_parser("up", help="start N nodes on loopback (Ctrl-C stops them)")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--dir", default="./.raftq", help="data and logs (default ./.raftq)")
+    up.add_argument("--api-port", type=int, default=8001, help="first HTTP port (default 8001)")
+    up.add_argument("--raft-port", type=int, default=9001, help="first Raft port (default 9001)")
+    up.add_argument("--fsync", choices=["always", "never"], default="always")
+    up.set_defaults(func=_run_cluster_up)
+
+
+def _run_cluster_up(args: argparse.Namespace) -> int:
+    from raftq.node.devcluster import cluster_up
+
+    _logging("INFO")
+    return cluster_up(args.nodes, args.dir, args.api_port, args.raft_port, args.fsync)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raftq", description="raftq message broker")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_node_parser(sub)
+    add_cluster_parser(sub)
+    try:
+        from raftq.client.cli import register  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        pass
+    else:
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

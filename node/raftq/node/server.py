@@ -1,0 +1,125 @@
+"""One node process: Raft binding + HTTP API, and its orderly shutdown.
+
+On SIGTERM / SIGINT, within ``shutdown_timeout`` seconds: stop accepting connections; answer
+waiting long polls at once (empty); let in-flight requests finish; release the deliveries of
+consumers still held by open connections (streams); hand leadership to another member if this
+node leads; flush and stop Raft; return exit code 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from raftq.node.app import NodeSettings, build_app
+from raftq.node.raftapi import Raft
+
+log = logging.getLogger("raftq.node")
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    node_id: str
+    listen: str  # host:port of the HTTP API
+    raft: str  # host:port of Raft
+    peers: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (raft, api)
+    data_dir: str | None = None
+    secret: str | None = None
+    insecure: bool = False
+    fsync: str = "always"
+    max_body: int = 8 << 20
+    shutdown_timeout: float = 15.0
+
+
+def split_hostport(value: str, what: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what} must be host:port, got {value!r}")
+    return host, int(port)
+
+
+def parse_peers(spec: str) -> dict[str, tuple[str, str]]:
+    """``n2=127.0.0.1:9002/127.0.0.1:8002,n3=...``: id = Raft address / HTTP address."""
+    peers: dict[str, tuple[str, str]] = {}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        node_id, eq, addrs = item.partition("=")
+        raft, slash, api = addrs.partition("/")
+        if not eq or not slash or not node_id:
+            raise ValueError(f"peer must be id=raft_host:port/api_host:port, got {item!r}")
+        split_hostport(raft, f"raft address of {node_id}")
+        split_hostport(api, f"API address of {node_id}")
+        if node_id in peers:
+            raise ValueError(f"peer {node_id} given twice")
+        peers[node_id] = (raft, api)
+    return peers
+
+
+def make_raft(opts: NodeOptions) -> Raft:
+    from raftq.cluster.raft import RaftConfig, RaftNode
+
+    cfg = RaftConfig(
+        node_id=opts.node_id,
+        raft_addr=opts.raft,
+        api_addr=opts.listen,
+        peers=dict(opts.peers),
+        data_dir=opts.data_dir,
+        secret=opts.secret,
+        insecure=opts.insecure,
+        fsync=opts.fsync,
+    )
+    node: Raft = RaftNode(cfg)
+    return node
+
+
+async def serve(
+    opts: NodeOptions,
+    raft_factory: Callable[[NodeOptions], Raft] = make_raft,
+    stop: asyncio.Event | None = None,
+) -> int:
+    host, port = split_hostport(opts.listen, "--listen")
+    raft = raft_factory(opts)
+    raft.start()
+    app = build_app(raft, NodeSettings(node_id=opts.node_id, max_body=opts.max_body))
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        shutdown_timeout=max(1.0, opts.shutdown_timeout - 5),
+        access_log=None,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    log.info("node %s: API on http://%s, Raft on %s", opts.node_id, opts.listen, opts.raft)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("node %s: shutting down", opts.node_id)
+    code = 0
+    try:
+        await asyncio.wait_for(_shutdown(runner, raft), opts.shutdown_timeout)
+    except TimeoutError:
+        log.error("node %s: shutdown took longer than %.0f s", opts.node_id, opts.shutdown_timeout)
+        code = 1
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+    log.info("node %s: stopped", opts.node_id)
+    return code
+
+
+async def _shutdown(runner: web.AppRunner, raft: Any) -> None:
+    await runner.cleanup()  # stop accepting, drain handlers, release held consumers
+    if raft.is_leader():
+        try:
+            moved = await raft.transfer_leadership(timeout=3.0)
+            log.info("leadership transfer %s", "done" if moved else "not confirmed")
+        except Exception as e:
+            log.warning("leadership transfer failed: %r", e)
+    await raft.stop()

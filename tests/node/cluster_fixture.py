@@ -1,0 +1,222 @@
+"""A reusable N-node cluster of real ``raftq node`` processes on loopback, for tests.
+
+``Cluster(tmp_path, n)`` allocates free ports, starts each node (``python -m raftq.node node``) in
+its own process group with its own data dir and log file, and ``close()`` stops every process it
+started (SIGTERM, then SIGKILL of the group). Pytest fixtures ``cluster3`` (per test) and
+``shared_cluster3`` (per module) are defined in ``tests/node/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float, every: float = 0.05) -> T:
+    """Poll ``fn`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            value = fn()
+            if value:
+                return value
+            last = value
+        except Exception as e:  # the condition may raise while nodes come up
+            last = e
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+        time.sleep(every)
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+            return r.status, (json.loads(raw) if raw else None)
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, raw
+
+
+class Node:
+    def __init__(self, node_id: str, api: str, raft: str, data_dir: Path) -> None:
+        self.id = node_id
+        self.api = api
+        self.raft = raft
+        self.data_dir = data_dir
+        self.log = data_dir / "node.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.api}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Cluster:
+    def __init__(self, root: Path, n: int = 3, fsync: str = "never") -> None:
+        ports = free_ports(2 * n)
+        self.root = root
+        self.fsync = fsync
+        self.secret = secrets.token_urlsafe(16)
+        self.nodes: dict[str, Node] = {}
+        for i in range(n):
+            nid = f"n{i + 1}"
+            d = root / nid
+            d.mkdir(parents=True, exist_ok=True)
+            self.nodes[nid] = Node(
+                nid, f"127.0.0.1:{ports[2 * i]}", f"127.0.0.1:{ports[2 * i + 1]}", d
+            )
+
+    # ------------------------------------------------------------------ processes
+
+    def command(self, node: Node) -> list[str]:
+        peers = ",".join(f"{o.id}={o.raft}/{o.api}" for o in self.nodes.values() if o.id != node.id)
+        return [
+            sys.executable, "-m", "raftq.node", "node", "--id", node.id, "--listen", node.api,
+            "--raft", node.raft, "--peers", peers, "--data-dir", str(node.data_dir / "data"),
+            "--fsync", self.fsync, "--log-level", "INFO",
+        ]  # fmt: skip
+
+    def start_node(self, nid: str) -> None:
+        node = self.nodes[nid]
+        assert not node.alive
+        log = open(node.log, "ab")  # noqa: SIM115 - handed to the child
+        env = dict(os.environ, RAFTQ_SECRET=self.secret, PYTHONUNBUFFERED="1")
+        node.proc = subprocess.Popen(
+            self.command(node), stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        wait_for(f"{nid} to answer /healthz", lambda: self._healthy(node), 20)
+
+    def _healthy(self, node: Node) -> bool:
+        if not node.alive:
+            raise AssertionError(f"{node.id} exited:\n{self.tail(node.id)}")
+        return http("GET", node.url + "/healthz", timeout=1)[0] == 200
+
+    def start(self) -> Cluster:
+        for nid in self.nodes:
+            self.start_node(nid)
+        self.wait_leader()
+        return self
+
+    def signal(self, nid: str, sig: int) -> None:
+        node = self.nodes[nid]
+        if node.alive:
+            assert node.proc is not None
+            os.killpg(node.proc.pid, sig)
+
+    def kill(self, nid: str) -> None:
+        """kill -9 the node's process group."""
+        self.signal(nid, signal.SIGKILL)
+        proc = self.nodes[nid].proc
+        assert proc is not None
+        proc.wait(10)
+
+    def stop_node(self, nid: str, timeout: float = 20.0) -> int:
+        """SIGTERM and wait; returns the exit code (kills and fails the wait if it hangs)."""
+        node = self.nodes[nid]
+        assert node.proc is not None
+        self.signal(nid, signal.SIGTERM)
+        try:
+            return node.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(nid, signal.SIGKILL)
+            node.proc.wait(10)
+            raise AssertionError(f"{nid} ignored SIGTERM for {timeout} s") from None
+
+    def close(self) -> None:
+        for nid in self.nodes:
+            self.signal(nid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for nid, node in self.nodes.items():
+            if node.proc is None:
+                continue
+            try:
+                node.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.signal(nid, signal.SIGKILL)
+                node.proc.wait(10)
+
+    def tail(self, nid: str, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.nodes[nid].log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    # ------------------------------------------------------------------ cluster state
+
+    def status(self, nid: str) -> dict[str, Any]:
+        code, body = http("GET", self.nodes[nid].url + "/cluster", timeout=2)
+        assert code == 200, body
+        result: dict[str, Any] = body
+        return result
+
+    def leader(self) -> str | None:
+        """The leader as reported by a majority of the running nodes, if any."""
+        votes: dict[str, int] = {}
+        for nid, node in self.nodes.items():
+            if not node.alive:
+                continue
+            try:
+                st = self.status(nid)
+            except (OSError, AssertionError):
+                continue
+            if st.get("leader"):
+                votes[st["leader"]] = votes.get(st["leader"], 0) + 1
+        for lid, n in votes.items():
+            if n > len(self.nodes) // 2 and self.nodes[lid].alive:
+                return lid
+        return None
+
+    def wait_leader(self, timeout: float = 30.0, not_: str | None = None) -> str:
+        return wait_for(
+            "a leader" + (f" other than {not_}" if not_ else ""),
+            lambda: lid if (lid := self.leader()) and lid != not_ else None,
+            timeout,
+            every=0.1,
+        )
+
+    def followers(self) -> list[str]:
+        lid = self.leader()
+        return [n for n, node in self.nodes.items() if n != lid and node.alive]
+
+    def url(self, nid: str) -> str:
+        return self.nodes[nid].url
