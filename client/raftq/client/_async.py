@@ -152,6 +152,8 @@ class AsyncClient:
         self.producer = core.Producer(producer_id)
         self.fmt = fmt
         self._session: aiohttp.ClientSession | None = None
+        # Consumers whose loop has not finished: close() releases them before it goes.
+        self._consumers: set[str] = set()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -165,6 +167,10 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        """Release the deliveries of consume loops left open, then close the connections.
+        (A loop left with ``break`` is finalized by the event loop a moment later.)"""
+        for consumer in list(self._consumers):
+            await self._release_quietly(consumer)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -361,6 +367,7 @@ class AsyncClient:
                 yield msg
             return
         consumer = f"{self.producer.id}-{secrets.token_hex(4)}"
+        self._consumers.add(consumer)
         extender: asyncio.Task[None] | None = None
         try:
             while True:
@@ -377,8 +384,20 @@ class AsyncClient:
                             extender.cancel()
                             extender = None
         finally:
-            with contextlib.suppress(RaftqError, asyncio.CancelledError):
-                await asyncio.shield(self.release(consumer))
+            await self._release_quietly(consumer)
+
+    async def _release_quietly(self, consumer: str) -> None:
+        if consumer not in self._consumers:
+            return
+        self._consumers.discard(consumer)
+        if self._session is None or self._session.closed:
+            return
+        with contextlib.suppress(RaftqError, RuntimeError, asyncio.CancelledError):
+            await asyncio.shield(
+                self.request(
+                    core.Request("POST", core.path("consumers", consumer, "release")), timeout=5.0
+                )
+            )
 
     async def _consume_stream(
         self,

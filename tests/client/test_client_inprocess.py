@@ -1,0 +1,208 @@
+"""The async and sync clients and the CLI against one in-process node (LocalRaft, real HTTP on
+127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from raftq.client import (
+    AsyncClient,
+    Client,
+    ReceiptStale,
+    TopicExists,
+    TopicFull,
+    TopicNotFound,
+)
+from raftq.client.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE
+from raftq.node.app import NodeSettings, build_app
+from raftq.node.cli import main as cli_main
+from raftq.node.local import LocalRaft
+
+
+def name() -> str:
+    return "t-" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[LocalRaft, str]]:
+    raft = LocalRaft()
+    srv = TestServer(build_app(raft, NodeSettings()), host="127.0.0.1")
+    await srv.start_server()
+    try:
+        yield raft, f"http://127.0.0.1:{srv.port}"
+    finally:
+        await srv.close()
+
+
+async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait for a condition the server reaches asynchronously (bounded)."""
+
+    async def poll() -> None:
+        while not pred():  # noqa: ASYNC110 - polling another component's state
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+def pending(raft: LocalRaft, topic: str, group: str = "default") -> tuple[int, int]:
+    s = raft.read(lambda b: b.group_stats(topic, group))
+    return s["pending"], s["in_flight"]
+
+
+async def test_publish_receive_ack_round_trip(server: tuple[LocalRaft, str]) -> None:
+    raft, url = server
+    topic = name()
+    async with AsyncClient(url) as c:
+        await c.create_topic(topic)
+        s1 = await c.publish(topic, b"one", headers={"k": "v"})
+        s2, s3 = await c.publish_batch(topic, [b"two", {"payload": "three", "delay": 0}])
+        assert (s1, s2, s3) == (1, 2, 3)
+        msgs = await c.receive(topic, max=10, wait=1)
+        assert [(m.seq, m.payload, m.attempt) for m in msgs] == [
+            (1, b"one", 1),
+            (2, b"two", 1),
+            (3, b"three", 1),
+        ]
+        assert msgs[0].headers == {"k": "v"}
+        for m in msgs:
+            await m.ack()
+        assert pending(raft, topic) == (0, 0)
+
+
+async def test_server_errors_become_typed_exceptions_with_data(
+    server: tuple[LocalRaft, str],
+) -> None:
+    _, url = server
+    topic = name()
+    async with AsyncClient(url) as c:
+        with pytest.raises(TopicNotFound) as nf:
+            await c.publish(topic, b"x")
+        assert nf.value.topic == topic  # type: ignore[attr-defined]
+        assert nf.value.status == 404
+        await c.create_topic(topic, config={"max_messages": 1})
+        with pytest.raises(TopicExists):
+            await c.create_topic(topic)
+        await c.publish(topic, b"a")
+        with pytest.raises(TopicFull):
+            await c.publish(topic, b"b")
+        [m] = await c.receive(topic, wait=1)
+        await m.ack()
+        with pytest.raises(ReceiptStale):
+            await m.ack()
+
+
+async def test_a_retried_publish_with_the_same_key_is_stored_once(
+    server: tuple[LocalRaft, str],
+) -> None:
+    raft, url = server
+    topic = name()
+    async with AsyncClient(url) as c:
+        await c.create_topic(topic)
+        a = await c.publish(topic, b"x", key="order-17")
+        b = await c.publish(topic, b"x", key="order-17")
+    assert a == b
+    assert raft.read(lambda br: br.topic_stats(topic))["messages"] == 1
+
+
+async def test_leaving_a_consume_loop_releases_what_it_prefetched(
+    server: tuple[LocalRaft, str],
+) -> None:
+    raft, url = server
+    topic = name()
+    async with AsyncClient(url) as c:
+        await c.create_topic(topic)
+        await c.publish_batch(topic, [b"1", b"2", b"3"])
+        async for msg in c.consume(topic, prefetch=3, wait=1):
+            await msg.ack()
+            break
+        await until(lambda: pending(raft, topic) == (2, 0))
+        again = await c.receive(topic, max=5, wait=1)
+        assert [(m.seq, m.attempt) for m in again] == [(2, 2), (3, 2)]
+
+
+async def test_streaming_consumer_gets_pushed_deliveries_and_acks_on_the_socket(
+    server: tuple[LocalRaft, str],
+) -> None:
+    raft, url = server
+    topic = name()
+    async with AsyncClient(url) as c:
+        await c.create_topic(topic)
+        await c.publish_batch(topic, [f"m{i}" for i in range(5)])
+        got = []
+        async for msg in c.consume(topic, prefetch=2, stream=True):
+            got.append(msg.payload)
+            await msg.ack()
+            if len(got) == 5:
+                break
+        assert got == [f"m{i}".encode() for i in range(5)]
+        assert pending(raft, topic) == (0, 0)
+
+
+async def test_closing_a_stream_releases_its_unacked_deliveries_at_once(
+    server: tuple[LocalRaft, str],
+) -> None:
+    raft, url = server
+    topic = name()
+    async with AsyncClient(url) as c:
+        await c.create_topic(topic, groups=[{"group": "g", "config": {"visibility_timeout": 600}}])
+        await c.publish_batch(topic, [b"a", b"b", b"c"])
+        async for _ in c.consume(topic, "g", prefetch=3, stream=True):
+            break  # die holding up to three deliveries, none acked
+        await until(lambda: pending(raft, topic, "g") == (3, 0))
+
+
+async def test_sync_client_twin(server: tuple[LocalRaft, str]) -> None:
+    raft, url = server
+    topic = name()
+
+    def work() -> list[Any]:
+        with Client(url) as c:
+            c.create_topic(topic)
+            c.publish(topic, "hello")
+            c.publish_batch(topic, [b"a", b"b"])
+            out = []
+            for m in c.consume(topic, max_messages=3, idle_timeout=2):
+                out.append((m.seq, m.payload))
+                m.ack()
+            return out
+
+    assert await asyncio.to_thread(work) == [(1, b"hello"), (2, b"a"), (3, b"b")]
+    assert pending(raft, topic) == (0, 0)
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli_main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+async def test_cli_commands_tables_json_and_exit_codes(server: tuple[LocalRaft, str]) -> None:
+    _, url = server
+    topic = name()
+
+    def work() -> None:
+        code, out, _ = run_cli("topic", "create", topic, "--url", url)
+        assert code == EXIT_OK and "created" in out
+        code, out, _ = run_cli("publish", topic, "hello", "world", "--url", url)
+        assert code == EXIT_OK and "seq 2" in out
+        code, out, _ = run_cli("topic", "show", topic, "--url", url, "--json")
+        assert json.loads(out)["messages"] == 2
+        code, out, _ = run_cli("consume", topic, "--count", "2", "--url", url)
+        assert (code, out.split()) == (EXIT_OK, ["hello", "world"])
+        code, _, err = run_cli("topic", "show", "nope", "--url", url)
+        assert code == EXIT_REFUSED
+        assert err.startswith("raftq: topic_not_found") and "Traceback" not in err
+        code, _, err = run_cli("topic", "list", "--url", "http://127.0.0.1:1", "--timeout", "0.5")
+        assert code == EXIT_UNAVAILABLE and err.count("\n") == 1
+
+    await asyncio.to_thread(work)
