@@ -1,0 +1,145 @@
+"""Test-only file layer that remembers what was made durable, to simulate a power loss.
+
+``SimDisk(shadow_dir)`` does every operation on the real files (so a kill -9 behaves as usual)
+and records, in ``shadow_dir``, the model of a strict POSIX file system:
+
+* ``fsync(file)`` makes the file's current bytes durable (a copy is kept per inode);
+* a name (create, rename, remove) becomes durable only when its directory is fsynced.
+
+``power_loss(shadow_dir, data_dir)`` then rebuilds ``data_dir`` from durable state only: every
+unsynced byte and every unsynced name change is dropped. The model lives in files guarded by a
+lock, so it survives kill -9 and is shared with the forked snapshot writer.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from raftq.cluster.storage import DiskFile, OsDisk
+
+
+class SimDisk:
+    def __init__(self, shadow_dir: str) -> None:
+        self.shadow = shadow_dir
+        os.makedirs(shadow_dir, exist_ok=True)
+        self.real = OsDisk()
+
+    @contextmanager
+    def _state(self) -> Iterator[dict[str, Any]]:
+        with open(os.path.join(self.shadow, "lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            path = os.path.join(self.shadow, "state.json")
+            try:
+                with open(path) as f:
+                    state: dict[str, Any] = json.load(f)
+            except FileNotFoundError:
+                state = {"next": 0, "cur": {}, "dur": {}}
+            yield state
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(state, f)
+            os.replace(tmp, path)
+
+    def _ino(self, state: dict[str, Any], path: str) -> str:
+        ino = state["cur"].get(path)
+        if ino is None:
+            ino = f"{os.getpid()}-{state['next']}"
+            state["next"] += 1
+            state["cur"][path] = ino
+        return str(ino)
+
+    def snapshot_inode(self, path: str) -> None:
+        path = os.path.abspath(path)
+        with self._state() as state:
+            ino = self._ino(state, path)
+            data = self.real.read(path) or b""
+            tmp = os.path.join(self.shadow, f"ino-{ino}.tmp")
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, os.path.join(self.shadow, f"ino-{ino}"))
+
+    def read(self, path: str) -> bytes | None:
+        return self.real.read(path)
+
+    def open_append(self, path: str) -> DiskFile:
+        path = os.path.abspath(path)
+        f = self.real.open_append(path)
+        with self._state() as state:
+            self._ino(state, path)
+        return _SimFile(self, path, f)
+
+    def create(self, path: str) -> DiskFile:
+        path = os.path.abspath(path)
+        f = self.real.create(path)
+        with self._state() as state:
+            self._ino(state, path)
+        return _SimFile(self, path, f)
+
+    def rename(self, src: str, dst: str) -> None:
+        src, dst = os.path.abspath(src), os.path.abspath(dst)
+        self.real.rename(src, dst)
+        with self._state() as state:
+            state["cur"][dst] = self._ino(state, src)
+            del state["cur"][src]
+
+    def remove(self, path: str) -> None:
+        path = os.path.abspath(path)
+        self.real.remove(path)
+        with self._state() as state:
+            state["cur"].pop(path, None)
+
+    def sync_dir(self, path: str) -> None:
+        self.real.sync_dir(path)
+        d = os.path.abspath(path)
+        with self._state() as state:
+            dur = {p: i for p, i in state["dur"].items() if os.path.dirname(p) != d}
+            dur.update({p: i for p, i in state["cur"].items() if os.path.dirname(p) == d})
+            state["dur"] = dur
+
+
+class _SimFile:
+    def __init__(self, disk: SimDisk, path: str, f: DiskFile) -> None:
+        self.disk, self.path, self.f = disk, path, f
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+
+    def truncate(self, size: int) -> None:
+        self.f.truncate(size)
+
+    def sync(self) -> None:
+        self.f.sync()
+        self.disk.snapshot_inode(self.path)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def power_loss(shadow_dir: str, data_dir: str) -> dict[str, int]:
+    """Rebuild ``data_dir`` from durable state only; returns the surviving files' sizes."""
+    with open(os.path.join(shadow_dir, "state.json")) as f:
+        state = json.load(f)
+    d = os.path.abspath(data_dir)
+    for name in os.listdir(d):
+        os.unlink(os.path.join(d, name))
+    sizes = {}
+    for path, ino in state["dur"].items():
+        if os.path.dirname(path) != d:
+            continue
+        try:
+            with open(os.path.join(shadow_dir, f"ino-{ino}"), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data = b""  # the name survived but none of its bytes were ever synced
+        with open(path, "wb") as f:
+            f.write(data)
+        sizes[os.path.basename(path)] = len(data)
+    state["cur"] = dict(state["dur"])
+    with open(os.path.join(shadow_dir, "state.json"), "w") as f:
+        json.dump(state, f)
+    return sizes
