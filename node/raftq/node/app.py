@@ -15,6 +15,7 @@ import contextlib
 import logging
 import secrets
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from raftq.node.batcher import Batcher
 from raftq.node.httperrors import ApiError
 from raftq.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from raftq.node.metrics import NodeMetrics
-from raftq.node.raftapi import NotLeader, QueueFull, Raft, UnknownOutcome
+from raftq.node.raftapi import EntryTooLarge, NotLeader, QueueFull, Raft, UnknownOutcome
 
 log = logging.getLogger("raftq.node")
 
@@ -47,7 +48,7 @@ class NodeSettings:
     node_id: str = "n1"
     max_body: int = 8 << 20
     batch_max_ops: int = 512
-    batch_max_bytes: int = 4 << 20
+    batch_max_bytes: int = 1 << 20
     batch_linger: float = 0.001
     max_inflight: int = 4
     propose_timeout: float = 5.0
@@ -145,6 +146,7 @@ class Api:
             max_inflight=settings.max_inflight,
             timeout=settings.propose_timeout,
             on_batch=self.metrics.on_batch,
+            splittable=lambda e: isinstance(e, EntryTooLarge),
         )
         self.session: aiohttp.ClientSession | None = None
         self.draining = asyncio.Event()
@@ -155,6 +157,7 @@ class Api:
         self.held_consumers: dict[str, int] = {}
         self.started = time.monotonic()
         self.stream_resource: web.AbstractResource | None = None
+        self.receive_resource: web.AbstractResource | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -193,6 +196,10 @@ class Api:
             result = await self.batcher.submit(command, size)
         except NotLeader:
             raise LeaderLost() from None
+        except EntryTooLarge as e:
+            raise ApiError(
+                "entry_too_large", f"the request is too large to replicate: {e}"
+            ) from None
         except QueueFull:
             raise ApiError(
                 "overloaded",
@@ -351,6 +358,35 @@ class Api:
                 retry_after=self.settings.retry_after,
             )
         body = await codec.read_raw(request)
+        if request.match_info.route.resource is not self.receive_resource:
+            return await self._forward(request, st, body)
+        # A proxied receive: name its consumer here, so that if our client goes away before
+        # the deliveries are written to it, we can give them back at once (second hop of the
+        # dead man's switch; the leader covers the first).
+        mp = codec.is_msgpack_request(request)
+        try:
+            obj = codec.decode_body(body, mp)
+        except ApiError:
+            return await self._forward(request, st, body)  # the leader explains the error
+        consumer = obj.get("consumer")
+        if not consumer:
+            consumer = obj["consumer"] = f"c-{secrets.token_hex(8)}"
+            body = codec.encode(obj, mp)[0]
+        try:
+            resp = await self._forward(request, st, body)
+            if resp.status == 200:
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    raise ConnectionResetError("client went away")
+                await resp.prepare(request)
+                await resp.write_eof()
+            return resp
+        except (asyncio.CancelledError, ConnectionError):
+            if isinstance(consumer, str) and st.leader_api:
+                self.spawn(self._release_at(st.leader_api, consumer))
+            raise
+
+    async def _forward(self, request: web.Request, st: Any, body: bytes) -> web.Response:
         headers = {FORWARDED: self.settings.node_id}
         for h in ("Content-Type", "Accept"):
             if h in request.headers:
@@ -367,12 +403,7 @@ class Api:
                 timeout=aiohttp.ClientTimeout(total=self.settings.proxy_timeout),
             ) as r:
                 data = await r.read()
-                out = {LEADER_HEADER: st.leader_id or ""}
-                if "Retry-After" in r.headers:
-                    out["Retry-After"] = r.headers["Retry-After"]
-                return web.Response(
-                    status=r.status, body=data, headers=out, content_type=r.content_type
-                )
+                status, ctype, upstream = r.status, r.content_type, r.headers
         except aiohttp.ClientConnectorError:
             raise ApiError(
                 "no_leader",
@@ -388,6 +419,22 @@ class Api:
                 f"lost the connection to leader {st.leader_id}; the request may have been applied",
                 {"leader": st.leader_id},
             ) from None
+        out = {LEADER_HEADER: st.leader_id or ""}
+        if "Retry-After" in upstream:
+            out["Retry-After"] = upstream["Retry-After"]
+        return web.Response(status=status, body=data, headers=out, content_type=ctype)
+
+    async def _release_at(self, leader_api: str, consumer: str) -> None:
+        assert self.session is not None
+        try:
+            async with self.session.post(
+                f"http://{leader_api}/consumers/{urllib.parse.quote(consumer, safe='')}/release",
+                headers={FORWARDED: self.settings.node_id},
+                timeout=aiohttp.ClientTimeout(total=self.settings.propose_timeout + 1),
+            ) as r:
+                await r.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            log.warning("release of consumer %s via the leader failed: %r", consumer, e)
 
     # ------------------------------------------------------------------ topics and groups
 
@@ -774,6 +821,8 @@ def build_app(raft: Raft, settings: NodeSettings | None = None) -> web.Applicati
         route = app.router.add_route(method, path, handler)
         if path.endswith("/stream"):
             api.stream_resource = route.resource
+        if path.endswith("/receive"):
+            api.receive_resource = route.resource
     app.cleanup_ctx.append(api.lifecycle)
     app.on_shutdown.append(api.on_shutdown)
     return app

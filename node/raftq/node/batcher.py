@@ -36,7 +36,9 @@ class Batcher:
         max_inflight: int = 4,
         timeout: float = 5.0,
         on_batch: OnBatch | None = None,
+        splittable: Callable[[BaseException], bool] = lambda e: False,
     ) -> None:
+        self._splittable = splittable
         self._propose = propose
         self.max_ops = max_ops
         self.max_bytes = max_bytes

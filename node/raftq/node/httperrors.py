@@ -32,6 +32,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "unsupported_media_type": 415,
     "not_acceptable": 406,
     "body_too_large": 413,
+    "entry_too_large": 413,
     "route_not_found": 404,
     "method_not_allowed": 405,
     "no_leader": 503,

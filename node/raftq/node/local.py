@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from raftq.cluster.entry import apply_entry, encode_entry
 from raftq.cluster.state import Broker
-from raftq.node.raftapi import RaftStatus
+from raftq.node.raftapi import NotLeader, RaftStatus
 
 T = TypeVar("T")
 
@@ -63,8 +63,6 @@ class LocalRaft:
     async def propose(
         self, commands: list[dict[str, Any]], timeout: float = 5.0
     ) -> list[dict[str, Any]]:
-        from raftq.node.raftapi import NotLeader
-
         if not self.is_leader():
             raise NotLeader("not the leader", self.leader_id, self.leader_api)
         if self._faults:

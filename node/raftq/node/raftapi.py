@@ -8,50 +8,29 @@ in the node catches what the real binding raises.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from raftq.cluster.raft import (
+    EntryTooLarge,
+    NotLeader,
+    QueueFull,
+    RaftError,
+    RaftStatus,
+    UnknownOutcome,
+)
 from raftq.cluster.state import Broker
 
+__all__ = [
+    "EntryTooLarge",
+    "NotLeader",
+    "QueueFull",
+    "Raft",
+    "RaftError",
+    "RaftStatus",
+    "UnknownOutcome",
+]
+
 T = TypeVar("T")
-
-
-class RaftError(Exception):
-    pass
-
-
-class NotLeader(RaftError):
-    """Definitely not applied."""
-
-    def __init__(
-        self,
-        message: str = "not the leader",
-        leader_id: str | None = None,
-        leader_api: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.leader_id = leader_id
-        self.leader_api = leader_api
-
-
-class QueueFull(RaftError):
-    """Definitely not applied."""
-
-
-class UnknownOutcome(RaftError, TimeoutError):
-    """May or may not have been applied."""
-
-
-@dataclass
-class RaftStatus:
-    node_id: str
-    role: str
-    leader_id: str | None
-    leader_api: str | None
-    term: int
-    commit_index: int
-    applied_index: int
-    members: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Raft(Protocol):
