@@ -1,0 +1,209 @@
+"""RaftNode in one process: definite outcomes, snapshots, transfer and membership."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from raftq.cluster.raft import (
+    EntryTooLarge,
+    NotLeader,
+    RaftConfig,
+    RaftError,
+    RaftNode,
+    UnknownOutcome,
+)
+from tests.raft.harness import free_ports
+
+
+async def until(what: str, cond: Callable[[], object], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Nodes:
+    """Up to n nodes of one cluster in this process."""
+
+    def __init__(self, root: Path | None, n: int, compaction: int = 10_000) -> None:
+        ports = free_ports(2 * n)
+        self.addrs = {
+            f"n{i + 1}": (f"127.0.0.1:{ports[2 * i]}", f"127.0.0.1:{ports[2 * i + 1]}")
+            for i in range(n)
+        }
+        self.root = root
+        self.compaction = compaction
+        self.nodes: dict[str, RaftNode] = {}
+
+    def config(self, nid: str, members: list[str] | None = None) -> RaftConfig:
+        members = members or list(self.addrs)
+        peers = {k: self.addrs[k] for k in members if k != nid}
+        raft, api = self.addrs[nid]
+        data = None if self.root is None else str(self.root / nid)
+        return RaftConfig(nid, raft, api, peers, data, "secret")
+
+    def start(self, nid: str, members: list[str] | None = None) -> RaftNode:
+        node = RaftNode(self.config(nid, members), compaction_entries=self.compaction)
+        node.start()
+        self.nodes[nid] = node
+        return node
+
+    async def leader(self) -> RaftNode:
+        await until("a leader", lambda: any(n.is_leader() for n in self.nodes.values()))
+        return next(n for n in self.nodes.values() if n.is_leader())
+
+    async def stop(self, nid: str) -> None:
+        await self.nodes.pop(nid).stop()
+
+    async def close(self) -> None:
+        for nid in list(self.nodes):
+            await self.stop(nid)
+
+
+@pytest.fixture
+async def three(tmp_path: Path) -> AsyncIterator[Nodes]:
+    ns = Nodes(tmp_path, 3, compaction=50)
+    try:
+        for nid in ns.addrs:
+            ns.start(nid)
+        yield ns
+    finally:
+        await ns.close()
+
+
+def pub(topic: str, payload: bytes) -> dict[str, object]:
+    return {"op": "publish", "topic": topic, "messages": [{"payload": payload}]}
+
+
+def test_refuses_to_start_without_a_secret() -> None:
+    cfg = RaftConfig("n1", "127.0.0.1:1", "127.0.0.1:2", {}, None, None)
+    with pytest.raises(RaftError, match="secret"):
+        RaftNode(cfg)
+    RaftNode(RaftConfig("n1", "127.0.0.1:1", "127.0.0.1:2", {}, None, None, insecure=True))
+
+
+async def test_single_node_proposals_resolve_with_results_concurrently() -> None:
+    ns = Nodes(None, 1)
+    node = ns.start("n1")
+    try:
+        await ns.leader()
+        woken: list[int] = []
+        node.add_apply_listener(lambda: woken.append(1))
+        assert await node.propose([{"op": "create_topic", "topic": "t"}]) == [
+            {"topic": "t", "created": True}
+        ]
+        results = await asyncio.gather(*(node.propose([pub("t", b"%d" % i)]) for i in range(300)))
+        seqs = sorted(r[0]["messages"][0]["seq"] for r in results)
+        assert seqs == list(range(1, 301))
+        bad = await node.propose([{"op": "publish", "topic": "nope", "messages": []}])
+        assert bad[0]["error"]["code"] == "topic_not_found"
+        assert node.read(lambda b: b.topic_stats("t")["messages"]) == 300
+        assert woken
+        with pytest.raises(EntryTooLarge):
+            await node.propose([pub("t", b"x" * (5 << 20))])
+        st = node.status()
+        assert (st.role, st.leader_id) == ("leader", "n1")
+        assert st.applied_index == st.commit_index
+    finally:
+        await ns.close()
+
+
+async def test_not_leader_is_immediate_and_definite() -> None:
+    ns = Nodes(None, 3)
+    node = ns.start("n1")  # its peers never start: no leader, ever
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(NotLeader) as e:
+            await node.propose([{"op": "tick"}], timeout=5)
+        assert time.monotonic() - t0 < 1
+        assert e.value.leader_id is None
+    finally:
+        await ns.close()
+
+
+async def test_uncommittable_entry_times_out_as_unknown_outcome(three: Nodes) -> None:
+    leader = await three.leader()
+    await leader.propose([{"op": "create_topic", "topic": "t"}])
+    for nid in [k for k, n in three.nodes.items() if n is not leader]:
+        await three.stop(nid)
+    t0 = time.monotonic()
+    with pytest.raises(UnknownOutcome):
+        await leader.propose([pub("t", b"lost?")], timeout=0.5)
+    assert time.monotonic() - t0 < 1.5
+    # Without a majority the leader steps down; proposals then fail definitely at once.
+    await until("the isolated leader to step down", lambda: not leader.is_leader(), 10)
+    with pytest.raises(NotLeader):
+        await leader.propose([pub("t", b"no")])
+
+
+async def test_followers_redirect_with_the_leader_address(three: Nodes) -> None:
+    leader = await three.leader()
+    await until(
+        "followers to know the leader",
+        lambda: all(n.status().leader_id == leader.config.node_id for n in three.nodes.values()),
+    )
+    follower = next(n for n in three.nodes.values() if n is not leader)
+    with pytest.raises(NotLeader) as e:
+        await follower.propose([{"op": "tick"}])
+    assert (e.value.leader_id, e.value.leader_api) == (
+        leader.config.node_id,
+        leader.config.api_addr,
+    )
+
+
+async def test_lagging_follower_catches_up_from_a_snapshot(three: Nodes) -> None:
+    leader = await three.leader()
+    await leader.propose([{"op": "create_topic", "topic": "t"}])
+    lagging = next(k for k, n in three.nodes.items() if n is not leader)
+    await three.stop(lagging)
+    for i in range(120):  # > 2 x compaction threshold (50): the leader compacts its log
+        await leader.propose([pub("t", b"%d" % i)])
+    await until("leader compaction", lambda: len(leader._b._SyncObj__raftLog) < 60)
+    node = three.start(lagging)
+    await until("snapshot install", lambda: node.status().applied_index >= 120, 20)
+    await until(
+        "same state",
+        lambda: node.read(lambda b: b.digest()) == leader.read(lambda b: b.digest()),
+    )
+    # It restarts from its own snapshot (entries after it are applied once the leader tells
+    # it the commit index: the commit index is not persisted).
+    await three.stop(lagging)
+    node = three.start(lagging)
+    assert node.read(lambda b: b.topic_stats("t")["messages"]) >= 50
+    await until("catch-up", lambda: node.read(lambda b: b.topic_stats("t")["messages"]) == 120)
+
+
+async def test_leadership_transfer_hands_over_to_a_follower(three: Nodes) -> None:
+    leader = await three.leader()
+    await leader.propose([{"op": "create_topic", "topic": "t"}])
+    assert await leader.transfer_leadership(5.0)
+    new = await three.leader()
+    assert new is not leader
+    assert (await new.propose([pub("t", b"after")]))[0]["messages"][0]["seq"] == 1
+
+
+async def test_add_and_remove_a_member(tmp_path: Path) -> None:
+    ns = Nodes(tmp_path, 4)
+    try:
+        for nid in ["n1", "n2", "n3"]:
+            ns.start(nid, ["n1", "n2", "n3"])
+        leader = await ns.leader()
+        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        n4 = ns.start("n4")
+        raft, api = ns.addrs["n4"]
+        await leader.add_member("n4", raft, api)
+        await leader.propose([pub("t", b"x")])
+        await until(
+            "n4 to apply", lambda: n4.status().applied_index >= leader.status().applied_index
+        )
+        assert set(leader.status().members) == {"n1", "n2", "n3", "n4"}
+        await leader.remove_member("n4")
+        await until("n4 removed", lambda: "n4" not in leader.status().members)
+    finally:
+        await ns.close()

@@ -1,0 +1,137 @@
+"""Journal, meta and snapshot files: torn tails are cut with a warning, corruption stops."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from raftq.cluster.raft import RaftConfig, RaftNode
+from raftq.cluster.storage import (
+    JOURNAL_HEADER,
+    Journal,
+    MetaStore,
+    OsDisk,
+    StorageCorrupt,
+    seal,
+)
+
+
+def _journal(path: Path, n: int) -> list[tuple[bytes, int, int]]:
+    j = Journal(OsDisk(), str(path), None)
+    entries = [(b"cmd-%d" % i, i + 1, 1) for i in range(n)]
+    for e in entries:
+        j.add(*e)
+    j.sync()
+    j._destroy()
+    return entries
+
+
+def _reopen(path: Path) -> list[tuple[bytes, int, int]]:
+    j = Journal(OsDisk(), str(path), None)
+    try:
+        return list(j[:])
+    finally:
+        j._destroy()
+
+
+def test_journal_round_trips_and_truncates_from_the_end(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    entries = _journal(path, 5)
+    assert _reopen(path) == entries
+    j = Journal(OsDisk(), str(path), None)
+    j.deleteEntriesFrom(3)
+    j.add(b"new", 4, 2)
+    j.sync()
+    j._destroy()
+    assert _reopen(path) == [*entries[:3], (b"new", 4, 2)]
+    j = Journal(OsDisk(), str(path), None)
+    j.deleteEntriesTo(2)  # compaction rewrites the file with the tail only
+    j._destroy()
+    assert _reopen(path) == [entries[2], (b"new", 4, 2)]
+
+
+@pytest.mark.parametrize("cut", [1, 5, 12, 20])
+def test_torn_last_record_is_truncated_with_a_warning(
+    tmp_path: Path, cut: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "journal.log"
+    entries = _journal(path, 4)
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(size - cut)  # the last record is 12 + 16 + 5 = 33 bytes
+    with caplog.at_level(logging.WARNING):
+        assert _reopen(path) == entries[:3]
+    assert "torn last record" in caplog.text and str(path) in caplog.text
+    # The cut is durable: appending after it yields a clean file.
+    j = Journal(OsDisk(), str(path), None)
+    j.add(b"again", 4, 1)
+    j.sync()
+    j._destroy()
+    assert _reopen(path) == [*entries[:3], (b"again", 4, 1)]
+
+
+def test_garbage_after_the_last_record_is_a_torn_tail(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    entries = _journal(path, 3)
+    with open(path, "ab") as f:
+        f.write(b"\x00" * 100)  # a preallocated, never-written tail
+    assert _reopen(path) == entries
+
+
+@pytest.mark.parametrize("where", ["payload", "length", "magic"])
+def test_corrupt_record_before_the_end_stops_with_the_file_name(tmp_path: Path, where: str) -> None:
+    path = tmp_path / "journal.log"
+    _journal(path, 6)
+    data = bytearray(path.read_bytes())
+    rec = len(JOURNAL_HEADER) + 33  # second record
+    pos = {"payload": rec + 12 + 16 + 2, "length": rec + 5, "magic": rec}[where]
+    data[pos] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(StorageCorrupt, match=re.escape(str(path))):
+        _reopen(path)
+
+
+def test_corrupt_header_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    path.write_bytes(b"NOTAJOURNALFILE" * 4)
+    with pytest.raises(StorageCorrupt, match=r"journal\.log"):
+        _reopen(path)
+
+
+def test_meta_is_durable_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "meta.bin"
+    m = MetaStore(OsDisk(), str(path), fsync=True)
+    assert (m.term, m.voted_for) == (0, None)
+    m.store(7, "127.0.0.1:1")
+    m2 = MetaStore(OsDisk(), str(path), fsync=True)
+    assert (m2.term, m2.voted_for) == (7, "127.0.0.1:1")
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(StorageCorrupt, match=r"meta\.bin"):
+        MetaStore(OsDisk(), str(path), fsync=True)
+
+
+def _config(tmp_path: Path) -> RaftConfig:
+    return RaftConfig("n1", "127.0.0.1:0", "127.0.0.1:1", {}, str(tmp_path), None, insecure=True)
+
+
+def test_node_refuses_to_start_on_a_corrupt_journal(tmp_path: Path) -> None:
+    _journal(tmp_path / "journal.log", 5)
+    path = tmp_path / "journal.log"
+    data = bytearray(path.read_bytes())
+    data[len(JOURNAL_HEADER) + 20] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(StorageCorrupt, match=r"journal\.log"):
+        RaftNode(_config(tmp_path)).start()
+
+
+def test_node_refuses_to_start_on_a_corrupt_snapshot(tmp_path: Path) -> None:
+    (tmp_path / "snapshot.bin").write_bytes(seal(b"x" * 100)[:-10])
+    with pytest.raises(StorageCorrupt, match=r"snapshot\.bin"):
+        RaftNode(_config(tmp_path)).start()
+    assert os.path.exists(tmp_path / "snapshot.bin")  # never deleted or overwritten
