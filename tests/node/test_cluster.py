@@ -261,11 +261,12 @@ def test_sigterm_loses_nothing_and_restart_recovers(cluster3: Cluster) -> None:
         c.start_node(nid)
     lid = c.wait_leader()
     got: list[Any] = []
-    wait_for(
-        "every message after restart",
-        lambda: got.extend(receive(c, lid, topic, max=1000, wait=1)) or len(got) >= n,
-        30,
-    )
+
+    def drain() -> bool:
+        got.extend(receive(c, lid, topic, max=1000, wait=1))
+        return len(got) >= n
+
+    wait_for("every message after restart", drain, 30)
     assert sorted(base64.b64decode(d["payload"]) for d in got) == sorted(
         b"p%d" % i for i in range(n)
     )
