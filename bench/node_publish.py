@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -28,7 +29,8 @@ from tests.node.cluster_fixture import Cluster
 async def run(url: str, topic: str, seconds: float, conc: int, batch: int) -> dict[str, float]:
     payload = base64.b64encode(b"x" * 100).decode()
     if batch > 1:
-        path, body = f"/topics/{topic}/publish", {"messages": [{"payload": payload}] * batch}
+        path = f"/topics/{topic}/publish"
+        body: dict[str, Any] = {"messages": [{"payload": payload}] * batch}
     else:
         path, body = f"/topics/{topic}/messages", {"payload": payload}
     lat: list[float] = []
