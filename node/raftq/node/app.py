@@ -146,7 +146,8 @@ class Api:
             max_inflight=settings.max_inflight,
             timeout=settings.propose_timeout,
             on_batch=self.metrics.on_batch,
-            splittable=lambda e: isinstance(e, EntryTooLarge),
+            # refused before anything was appended, so a batch may be retried in halves
+            splittable=lambda e: isinstance(e, EntryTooLarge | TypeError | OverflowError),
         )
         self.session: aiohttp.ClientSession | None = None
         self.draining = asyncio.Event()
@@ -199,6 +200,10 @@ class Api:
         except EntryTooLarge as e:
             raise ApiError(
                 "entry_too_large", f"the request is too large to replicate: {e}"
+            ) from None
+        except (TypeError, OverflowError) as e:  # the command could not be encoded
+            raise ApiError(
+                "invalid_argument", f"the request holds an unsupported value: {e}"
             ) from None
         except QueueFull:
             raise ApiError(

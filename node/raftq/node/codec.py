@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from typing import Any
 
 import msgpack
@@ -54,7 +55,32 @@ def decode_body(raw: bytes, msgpack_body: bool) -> dict[str, Any]:
         raise ApiError("malformed_body", f"request body is not valid {kind}: {e}") from None
     if not isinstance(obj, dict):
         raise ApiError("malformed_body", "request body must be a map (JSON object)")
+    _check_values(obj, 0)
     return obj
+
+
+MAX_DEPTH = 32
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+
+
+def _check_values(obj: Any, depth: int) -> None:
+    """Reject what cannot be replicated faithfully: integers beyond 64 bits, non-finite floats
+    (JSON ``1e400``) and nesting deeper than ``MAX_DEPTH``."""
+    if depth > MAX_DEPTH:
+        raise ApiError("malformed_body", f"request body nests deeper than {MAX_DEPTH} levels")
+    if isinstance(obj, dict):
+        for v in obj.values():
+            _check_values(v, depth + 1)
+    elif isinstance(obj, list):
+        for v in obj:
+            _check_values(v, depth + 1)
+    elif isinstance(obj, bool):
+        return
+    elif isinstance(obj, int):
+        if not _INT_MIN <= obj <= _INT_MAX:
+            raise ApiError("invalid_argument", f"integer {obj} is out of the 64-bit range")
+    elif isinstance(obj, float) and not math.isfinite(obj):
+        raise ApiError("invalid_argument", "numbers must be finite")
 
 
 async def read_raw(request: web.Request) -> bytes:
