@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -56,6 +57,31 @@ def _payloads(b: Broker, topic: str) -> list[str]:
         seq = page[-1]["seq"] + 1
 
 
+async def bench(node: RaftNode, req: dict[str, Any]) -> dict[str, Any]:
+    """Sequential (per worker) proposals of ``batch`` messages of ``size`` bytes, in-process."""
+    topic, batch, size = req["topic"], req["batch"], req["size"]
+    n, workers = req["batches"], req.get("concurrency", 1)
+    cmd = [{"op": "publish", "topic": topic, "messages": [{"payload": b"x" * size}] * batch}]
+    lat: list[float] = []
+
+    async def worker(k: int) -> None:
+        for _ in range(k):
+            t0 = time.perf_counter()
+            await node.propose(cmd, 10.0)
+            lat.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(n // workers) for _ in range(workers)))
+    elapsed = time.perf_counter() - t0
+    lat.sort()
+    return {
+        "msgs_per_s": len(lat) * batch / elapsed,
+        "p50_ms": lat[len(lat) // 2] * 1000,
+        "p99_ms": lat[int(len(lat) * 0.99)] * 1000,
+        "proposals": len(lat),
+    }
+
+
 async def handle(node: RaftNode, req: dict[str, Any], stop: asyncio.Event) -> None:
     rid, op = req.get("id"), req["op"]
     try:
@@ -80,6 +106,8 @@ async def handle(node: RaftNode, req: dict[str, Any], stop: asyncio.Event) -> No
         elif op == "remove_member":
             await node.remove_member(req["node_id"], req.get("timeout", 10))
             res = True
+        elif op == "bench":
+            res = await bench(node, req)
         elif op == "stop":
             await node.stop()
             stop.set()

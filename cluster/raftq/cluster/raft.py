@@ -30,6 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
+import itertools
 import logging
 import os
 import pickle
@@ -43,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgpack
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
 from pysyncobj.monotonic import monotonic
@@ -177,6 +181,48 @@ class _Pending:
     state: int = _QUEUED
     index: int = 0
     term: int = 0
+
+
+class _Sealer:
+    """Fills pysyncobj's encryptor slot (Fernet) with AES-128-GCM: same guarantees (secrecy,
+    integrity, a timestamp pysyncobj checks per connection) at ~2 us instead of ~50/70 us to
+    seal/open a 10 KB message. Each process seals with its own key, derived from the cluster
+    secret and a random salt sent in every header, and a message counter as the nonce, so a
+    nonce never repeats under one key."""
+
+    _HEAD = struct.Struct(">BQ16s12s")  # version, timestamp, salt, nonce
+
+    def __init__(self, secret: str) -> None:
+        self._master = hashlib.pbkdf2_hmac("sha256", secret.encode(), b"raftq-raft-v1", 200_000)
+        self._salt = os.urandom(16)
+        self._aead = self._key(self._salt)
+        self._keys: dict[bytes, AESGCM] = {self._salt: self._aead}
+        self._counter = itertools.count(1)
+
+    def _key(self, salt: bytes) -> AESGCM:
+        key = hmac.new(self._master, b"raftq-seal" + salt, "sha256").digest()[:16]
+        return AESGCM(key)
+
+    def encrypt_at_time(self, data: bytes, ts: int) -> bytes:
+        nonce = next(self._counter).to_bytes(12, "big")
+        head = self._HEAD.pack(1, ts, self._salt, nonce)
+        return head + self._aead.encrypt(nonce, data, head)
+
+    def extract_timestamp(self, data: bytes) -> int:
+        version, ts, _, _ = self._HEAD.unpack_from(data)
+        if version != 1:
+            raise ValueError("unknown message seal")
+        return int(ts)
+
+    def decrypt(self, data: bytes) -> bytes:
+        head = data[: self._HEAD.size]
+        _, _, salt, nonce = self._HEAD.unpack(head)
+        aead = self._keys.get(salt)
+        if aead is None:
+            if len(self._keys) > 1024:  # peers restart with new salts; keep the map bounded
+                self._keys = {self._salt: self._aead}
+            aead = self._keys[salt] = self._key(salt)
+        return aead.decrypt(nonce, data[self._HEAD.size :], head)
 
 
 def _node(addr: str, node_id: str, api: str) -> Any:
@@ -419,7 +465,7 @@ class RaftNode:
         conf = SyncObjConf(
             autoTick=False,  # our own tick loop: sync, flush held acks, deliver completions
             autoTickPeriod=TICK,
-            password=cfg.secret or None,
+            password=None,  # pysyncobj's Fernet is replaced by _Sealer below
             bindAddress=cfg.raft_addr,  # never 0.0.0.0 (pysyncobj's default for a host)
             bindRetryTime=0.1,
             maxBindRetries=10,
@@ -460,6 +506,11 @@ class RaftNode:
         b._SyncObj__serializer = self._snaps
         self._func = b._methodToID[b._getFuncName("raftq_apply")]
         transport = b._SyncObj__transport
+        if cfg.secret:
+            sealer = _Sealer(cfg.secret)
+            b._SyncObj__encryptor = sealer  # read by the transport for every new connection
+            for conn in transport._connections.values():  # made in __init__, not yet connected
+                conn.encryptor = sealer
         self._orig_send = transport.send
         self._orig_on_message = b._SyncObj__onMessageReceived
         transport.send = self._send
