@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import Harness
+from conftest import Harness  # type: ignore[import-not-found]
 
 from raftq.cluster import errors as E
 from raftq.cluster.state import Broker
@@ -507,7 +507,7 @@ def _same_but_counter(h: Harness, before: bytes) -> bool:
     other = Broker()
     other.restore(before)
     other.applied_commands = h.b.applied_commands
-    return other.snapshot() == h.b.snapshot()
+    return bool(other.snapshot() == h.b.snapshot())
 
 
 def test_ack_with_a_forged_mac_is_receipt_invalid(h: Harness) -> None:

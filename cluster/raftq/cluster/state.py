@@ -635,7 +635,6 @@ class Broker:
             seq = ready.popleft()
             if seq in held and seq not in inflight and seq not in g.delayed:
                 seqs.append(seq)
-        redelivered = len(seqs)
         if len(seqs) < n:
             cursor, end, skip = g.cursor, t.next_seq, g.skip
             while cursor < end and len(seqs) < n:
@@ -675,7 +674,7 @@ class Broker:
                 }
             )
         g.counters["delivered"] += len(seqs)
-        g.counters["redelivered"] += redelivered
+        g.counters["redelivered"] += sum(1 for d in out if d["attempt"] > 1)
         return {"topic": t.name, "group": g.name, "deliveries": out}
 
     # ------------------------------------------------------------------ settle a delivery
