@@ -144,11 +144,15 @@ class AsyncClient:
         urls: str | Sequence[str],
         *,
         timeout: float = 30.0,
+        attempt_timeout: float = 10.0,
         producer_id: str | None = None,
         fmt: str = core.MSGPACK,
     ) -> None:
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
+        # One try may take this long (plus a long poll's wait) before another node is tried.
+        self.attempt_timeout = attempt_timeout
+        self.retries = 0  # tries beyond the first, over this client's life
         self.producer = core.Producer(producer_id)
         self.fmt = fmt
         self._session: aiohttp.ClientSession | None = None
@@ -196,7 +200,7 @@ class AsyncClient:
                 raise core.deadline_error(last, req, timeout)
             url = self.endpoints.pick()
             try:
-                return await self._send(url, wire, remaining)
+                return await self._send(url, wire, min(remaining, self.attempt_timeout + req.hold))
             except RaftqError as err:
                 last = err
                 if isinstance(err, Unavailable):
@@ -205,6 +209,7 @@ class AsyncClient:
                 if delay is None:
                     raise
                 attempt += 1
+                self.retries += 1
                 await asyncio.sleep(delay)
 
     async def _send(self, url: str, wire: core.Wire, remaining: float) -> Any:

@@ -162,7 +162,7 @@ class Endpoints:
 
     def learn(self, url: str | None) -> None:
         """A server named the leader's HTTP address (header or /cluster)."""
-        if url:
+        if url and ":" in url:  # an address, not a bare node id
             url = normalize_url(url)
             self.leader = url
             if url not in self.seeds:

@@ -54,11 +54,15 @@ class Client:
         urls: str | Sequence[str],
         *,
         timeout: float = 30.0,
+        attempt_timeout: float = 10.0,
         producer_id: str | None = None,
         fmt: str = core.MSGPACK,
     ) -> None:
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
+        # One try may take this long (plus a long poll's wait) before another node is tried.
+        self.attempt_timeout = attempt_timeout
+        self.retries = 0  # tries beyond the first, over this client's life
         self.producer = core.Producer(producer_id)
         self.fmt = fmt
         self._conns: dict[str, http.client.HTTPConnection] = {}
@@ -93,7 +97,7 @@ class Client:
                 raise core.deadline_error(last, req, timeout)
             url = self.endpoints.pick()
             try:
-                return self._send(url, wire, remaining)
+                return self._send(url, wire, min(remaining, self.attempt_timeout + req.hold))
             except RaftqError as err:
                 last = err
                 if isinstance(err, Unavailable):
@@ -102,6 +106,7 @@ class Client:
                 if delay is None:
                     raise
                 attempt += 1
+                self.retries += 1
                 time.sleep(delay)
 
     def _conn(self, base: str, timeout: float) -> http.client.HTTPConnection:
