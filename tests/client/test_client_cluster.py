@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import uuid
@@ -127,23 +126,21 @@ async def test_killed_streaming_consumer_gets_its_messages_released_at_once(
             topic, config={}, groups=[{"group": "default", "config": {"visibility_timeout": 600}}]
         )
         await c.publish_batch(topic, [f"m{i}" for i in range(5)])
-        proc = subprocess.Popen(
-            [sys.executable, "-c", CONSUMER, ",".join(urls(cluster3)), topic],
-            stdout=subprocess.PIPE,
-            env=dict(os.environ),
-        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CONSUMER, ",".join(urls(cluster3)), topic,
+            stdout=asyncio.subprocess.PIPE, env=dict(os.environ),
+        )  # fmt: skip
         try:
             assert proc.stdout is not None
-            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
             assert line.strip() == b"holding"
-            g = await c.group(topic, "default")
-            assert g["in_flight"] == 5
+            assert (await c.group(topic, "default"))["in_flight"] == 5
             proc.kill()
-            proc.wait(10)
+            await asyncio.wait_for(proc.wait(), 10)
         finally:
-            if proc.poll() is None:
+            if proc.returncode is None:
                 proc.kill()
-                proc.wait(10)
+                await asyncio.wait_for(proc.wait(), 10)
 
         async def pending() -> int:
             return int((await c.group(topic, "default"))["pending"])
