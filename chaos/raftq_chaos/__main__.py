@@ -1,0 +1,67 @@
+"""``python -m raftq_chaos``: long randomized chaos runs (``make chaos``).
+
+    python -m raftq_chaos --duration 300 --seed 7 --nodes 5 --runs 2
+
+Each run draws its faults at random from ``--faults`` (default: all), prints a summary table,
+and on failure the seed and the history path. Exit status 1 when any run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from raftq_chaos.nemesis import FAULTS, SKIPPED
+from raftq_chaos.runner import Report, Scenario, run, summary_table
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m raftq_chaos", description=__doc__.split("\n")[0])
+    p.add_argument("--duration", type=float, default=float(os.environ.get("DURATION", 120)))
+    p.add_argument("--seed", type=int, default=int(os.environ.get("SEED", 0) or 0) or None)
+    p.add_argument("--nodes", type=int, default=int(os.environ.get("NODES", 3)))
+    p.add_argument("--runs", type=int, default=int(os.environ.get("RUNS", 1)))
+    p.add_argument("--faults", default=os.environ.get("FAULTS", "all"), help="comma list or all")
+    p.add_argument("--out", default=os.environ.get("CHAOS_OUT"), help="run directory root")
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("chaos runs need root (network namespaces)", file=sys.stderr)
+        return 2
+    faults = list(FAULTS) if args.faults == "all" else args.faults.split(",")
+    unknown = [f for f in faults if f not in FAULTS and f not in SKIPPED]
+    if unknown:
+        p.error(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
+    for f, why in SKIPPED.items():
+        print(f"note: fault {f} is skipped: {why}")
+    seed = args.seed if args.seed is not None else random.randrange(1, 1 << 31)
+    out = Path(args.out or tempfile.mkdtemp(prefix="raftq-chaos-"))
+    reports: list[Report] = []
+    for i in range(args.runs):
+        sc = Scenario(
+            name=f"random-{i + 1}",
+            nodes=args.nodes,
+            faults=faults,
+            duration=args.duration,
+            seed=seed + i,
+            randomize=True,
+        )
+        print(f"run {i + 1}/{args.runs}: seed {sc.seed}, {args.nodes} nodes, {args.duration:.0f} s")
+        t = time.monotonic()
+        rep = asyncio.run(run(sc, out / f"{sc.name}-seed{sc.seed}"))
+        print(f"  done in {time.monotonic() - t:.0f} s: {'PASS' if rep.ok else 'FAIL'}")
+        reports.append(rep)
+        if not rep.ok:
+            print(rep.failure())
+    print(summary_table(reports))
+    print(f"histories and node logs under {out}")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""A private network for one chaos run: a bridge, and per node a network namespace joined to it
+by a veth pair. Single links are cut with DROP rules inside the two namespaces involved.
+
+Addresses are ``10.77.K.0/24`` (K picked per run, unused on this machine); the host side of the
+bridge is ``.254``, node *i* is ``.i``. The namespaces have no default route, so no packet can
+leave the machine. Names are ``rq<5 hex>`` + a suffix, unique per run and at most 15 characters.
+The host's FORWARD chain may drop bridged traffic (docker sets policy DROP and br_netfilter
+sends bridged frames through it), so one ACCEPT rule scoped to this bridge is inserted, tagged
+with the run name, and removed at teardown. ``close()`` removes everything it made, is
+idempotent, and is registered with ``atexit`` as a last resort.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import random
+import secrets
+import subprocess
+from collections.abc import Iterable, Sequence
+
+SUBNET_PREFIX = "10.77"
+
+
+class NetError(RuntimeError):
+    pass
+
+
+def sh(*args: str, check: bool = True, timeout: float = 10.0) -> str:
+    res = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise NetError(f"{' '.join(args)} failed ({res.returncode}): {res.stderr.strip()}")
+    return res.stdout
+
+
+def _free_octet(rng: random.Random) -> int:
+    used = sh("ip", "-4", "addr", "show") + sh("ip", "-4", "route", "show")
+    for _ in range(200):
+        k = rng.randint(1, 250)
+        if f"{SUBNET_PREFIX}.{k}." not in used:
+            return k
+    raise NetError(f"no free {SUBNET_PREFIX}.K.0/24 subnet")
+
+
+class Net:
+    def __init__(self, node_ids: Sequence[str], name: str | None = None) -> None:
+        self.name = name or "rq" + secrets.token_hex(3)[:5]
+        if len(self.name) > 9:
+            raise ValueError("run name must be at most 9 characters (interface name limit)")
+        self.node_ids = list(node_ids)
+        self.bridge = self.name + "b"
+        self.octet = _free_octet(random.Random())
+        self.host_ip = f"{SUBNET_PREFIX}.{self.octet}.254"
+        self.ns = {nid: f"{self.name}n{i + 1}" for i, nid in enumerate(self.node_ids)}
+        self.ip = {nid: f"{SUBNET_PREFIX}.{self.octet}.{i + 1}" for i, nid in enumerate(node_ids)}
+        self._veth = {nid: f"{self.name}h{i + 1}" for i, nid in enumerate(self.node_ids)}
+        self._made_ns: list[str] = []
+        self._made_links: list[str] = []
+        self._forward_rule: list[str] | None = None
+        self.cuts: set[frozenset[str]] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def up(self) -> Net:
+        atexit.register(self.close)
+        try:
+            self._up()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _up(self) -> None:
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        self._made_links.append(self.bridge)
+        sh("ip", "addr", "add", f"{self.host_ip}/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
+        rule = ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"]
+        rule += ["-m", "comment", "--comment", f"raftq-chaos-{self.name}"]
+        sh("iptables", "-I", *rule)
+        self._forward_rule = rule
+        for i, nid in enumerate(self.node_ids):
+            ns, host, peer = self.ns[nid], self._veth[nid], f"{self.name}p{i + 1}"
+            sh("ip", "netns", "add", ns)
+            self._made_ns.append(ns)
+            sh("ip", "link", "add", host, "type", "veth", "peer", "name", peer)
+            self._made_links.append(host)
+            sh("ip", "link", "set", peer, "netns", ns)
+            sh("ip", "link", "set", host, "master", self.bridge)
+            sh("ip", "link", "set", host, "up")
+            self.exec(nid, "ip", "link", "set", "lo", "up")
+            self.exec(nid, "ip", "link", "set", peer, "name", "eth0")
+            self.exec(nid, "ip", "addr", "add", f"{self.ip[nid]}/24", "dev", "eth0")
+            self.exec(nid, "ip", "link", "set", "eth0", "up")
+
+    def close(self) -> list[str]:
+        """Remove every namespace, link and rule this run made; returns the errors (if any)."""
+        if self._closed:
+            return []
+        errors: list[str] = []
+        for ns in reversed(self._made_ns):
+            try:
+                sh("ip", "netns", "del", ns)
+            except (NetError, subprocess.TimeoutExpired) as e:
+                errors.append(str(e))
+        for link in reversed(self._made_links):
+            # a veth goes away with its namespace's peer, possibly a moment later
+            try:
+                sh("ip", "link", "del", link)
+            except (NetError, subprocess.TimeoutExpired) as e:
+                if "Cannot find device" not in str(e):
+                    errors.append(str(e))
+        if self._forward_rule is not None:
+            try:
+                sh("iptables", "-D", *self._forward_rule)
+            except (NetError, subprocess.TimeoutExpired) as e:
+                errors.append(str(e))
+            self._forward_rule = None
+        self._made_ns.clear()
+        self._made_links.clear()
+        self._closed = True
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.close)
+        return errors
+
+    def leftovers(self) -> list[str]:
+        """Anything named after this run that still exists (for tests of the cleanup)."""
+        found = [ns for ns in sh("ip", "netns", "list").split() if ns.startswith(self.name)]
+        for line in sh("ip", "-o", "link", "show").splitlines():
+            name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+            if name.startswith(self.name):
+                found.append(name)
+        if f"raftq-chaos-{self.name}" in sh("iptables", "-S", "FORWARD"):
+            found.append("iptables FORWARD rule")
+        return found
+
+    # ------------------------------------------------------------------ inside a namespace
+
+    def exec_argv(self, nid: str, *argv: str) -> list[str]:
+        return ["ip", "netns", "exec", self.ns[nid], *argv]
+
+    def exec(self, nid: str, *argv: str, check: bool = True) -> str:
+        return sh(*self.exec_argv(nid, *argv), check=check)
+
+    # ------------------------------------------------------------------ faults
+
+    def _rules(self, nid: str, peer: str, action: str) -> None:
+        ip = self.ip[peer]
+        self.exec(nid, "iptables", action, "INPUT", "-s", ip, "-j", "DROP")
+        self.exec(nid, "iptables", action, "OUTPUT", "-d", ip, "-j", "DROP")
+
+    def cut(self, a: str, b: str) -> None:
+        """Drop every packet between nodes a and b (both ways, silently)."""
+        link = frozenset((a, b))
+        if a == b or link in self.cuts:
+            return
+        self._rules(a, b, "-A")
+        self._rules(b, a, "-A")
+        self.cuts.add(link)
+
+    def mend(self, a: str, b: str) -> None:
+        link = frozenset((a, b))
+        if link not in self.cuts:
+            return
+        self._rules(a, b, "-D")
+        self._rules(b, a, "-D")
+        self.cuts.discard(link)
+
+    def partition(self, groups: Iterable[Iterable[str]]) -> None:
+        """Cut every link between nodes of different groups (nodes in no group: isolated)."""
+        side: dict[str, object] = {nid: i for i, g in enumerate(groups) for nid in g}
+        for a in self.node_ids:
+            for b in self.node_ids:
+                if a < b and side.get(a, ("alone", a)) != side.get(b, ("alone", b)):
+                    self.cut(a, b)
+
+    def heal(self) -> None:
+        for nid in self.node_ids:
+            self.exec(nid, "iptables", "-F", "INPUT")
+            self.exec(nid, "iptables", "-F", "OUTPUT")
+        self.cuts.clear()
