@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check lint fmt typecheck bench clean
+.PHONY: run test check lint fmt typecheck bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,17 @@ check: lint typecheck test
 
 bench: $(STAMP)
 	$(BIN)/python bench/state_machine.py
+
+# Long randomized chaos runs in network namespaces (needs root): make chaos DURATION=600 SEED=7
+# Also NODES (3), RUNS (1), FAULTS (all, or a comma list). Exit status 1 on any anomaly.
+DURATION ?= 300
+NODES ?= 3
+RUNS ?= 1
+FAULTS ?= all
+SEED ?=
+chaos: $(STAMP)
+	PYTHONPATH=chaos $(BIN)/python -m raftq_chaos --duration $(DURATION) --nodes $(NODES) \
+		--runs $(RUNS) --faults $(FAULTS) $(if $(SEED),--seed $(SEED))
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache dist build
