@@ -81,9 +81,12 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--fsync", default="always", choices=["always", "never"])
+    ap.add_argument("--max-inflight", type=int, default=4)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        c = Cluster(Path(d), 3, fsync=args.fsync)
+        c = Cluster(
+            Path(d), 3, fsync=args.fsync, extra_args=["--max-inflight", str(args.max_inflight)]
+        )
         try:
             c.start()
             lid = c.wait_leader()
@@ -95,7 +98,10 @@ async def main() -> None:
                 ("single via follower", follower, 1),
                 (f"batch {args.batch} via leader", leader, args.batch),
             ]
-            print(f"3 nodes, fsync={args.fsync}, {args.concurrency} connections, 100-byte messages")
+            print(
+                f"3 nodes, fsync={args.fsync}, max-inflight {args.max_inflight}, "
+                f"{args.concurrency} connections, 100-byte messages"
+            )
             for name, url, batch in cases:
                 before = await entry_stats(leader)
                 res = await run(url, "bench", args.seconds, args.concurrency, batch)

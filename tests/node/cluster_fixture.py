@@ -90,7 +90,10 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, root: Path, n: int = 3, fsync: str = "never") -> None:
+    def __init__(
+        self, root: Path, n: int = 3, fsync: str = "never", extra_args: list[str] | None = None
+    ) -> None:
+        self.extra_args = list(extra_args or [])
         ports = free_ports(2 * n)
         self.root = root
         self.fsync = fsync
@@ -111,7 +114,7 @@ class Cluster:
         return [
             sys.executable, "-m", "raftq.node", "node", "--id", node.id, "--listen", node.api,
             "--raft", node.raft, "--peers", peers, "--data-dir", str(node.data_dir / "data"),
-            "--fsync", self.fsync, "--log-level", "INFO",
+            "--fsync", self.fsync, "--log-level", "INFO", *self.extra_args,
         ]  # fmt: skip
 
     def start_node(self, nid: str) -> None:

@@ -424,7 +424,7 @@ class Api:
                 f"lost the connection to leader {st.leader_id}; the request may have been applied",
                 {"leader": st.leader_id},
             ) from None
-        out = {LEADER_HEADER: st.leader_id or ""}
+        out = {LEADER_HEADER: f"http://{st.leader_api}" if st.leader_api else ""}
         if "Retry-After" in upstream:
             out["Retry-After"] = upstream["Retry-After"]
         return web.Response(status=status, body=data, headers=out, content_type=ctype)

@@ -70,6 +70,18 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="largest request body in bytes [RAFTQ_MAX_BODY] (default 8 MiB)",
     )
     p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=int(_env("MAX_INFLIGHT", "4") or 4),
+        help="Raft proposes in flight at once, pipelining [RAFTQ_MAX_INFLIGHT] (default 4)",
+    )
+    p.add_argument(
+        "--batch-linger-ms",
+        type=float,
+        default=float(_env("BATCH_LINGER_MS", "1") or 1),
+        help="group-commit gathering time in ms [RAFTQ_BATCH_LINGER_MS] (default 1)",
+    )
+    p.add_argument(
         "--shutdown-timeout",
         type=float,
         default=15.0,
@@ -107,6 +119,8 @@ def _run_node(args: argparse.Namespace) -> int:
         fsync=args.fsync,
         max_body=args.max_body,
         shutdown_timeout=args.shutdown_timeout,
+        max_inflight=max(1, args.max_inflight),
+        batch_linger=max(0.0, args.batch_linger_ms / 1000),
     )
     return asyncio.run(serve(opts))
 

@@ -35,6 +35,8 @@ class NodeOptions:
     fsync: str = "always"
     max_body: int = 8 << 20
     shutdown_timeout: float = 15.0
+    max_inflight: int = 4
+    batch_linger: float = 0.001
 
 
 def split_hostport(value: str, what: str) -> tuple[str, int]:
@@ -85,7 +87,13 @@ async def serve(
     host, port = split_hostport(opts.listen, "--listen")
     raft = raft_factory(opts)
     raft.start()
-    app = build_app(raft, NodeSettings(node_id=opts.node_id, max_body=opts.max_body))
+    settings = NodeSettings(
+        node_id=opts.node_id,
+        max_body=opts.max_body,
+        max_inflight=opts.max_inflight,
+        batch_linger=opts.batch_linger,
+    )
+    app = build_app(raft, settings)
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
