@@ -270,3 +270,22 @@ def test_sigterm_loses_nothing_and_restart_recovers(cluster3: Cluster) -> None:
     assert sorted(base64.b64decode(d["payload"]) for d in got) == sorted(
         b"p%d" % i for i in range(n)
     )
+
+
+def test_sigterm_on_a_follower_ends_its_long_polls_at_once(cluster3: Cluster) -> None:
+    c = cluster3
+    f = c.followers()[0]
+    topic = uniq()
+    call(c, f, "POST", "/topics", {"topic": topic}, 201)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        poll = pool.submit(http, "POST", c.url(f) + f"/topics/{topic}/groups/default/receive",
+                           {"wait": 20}, 30)  # fmt: skip
+        time.sleep(0.3)  # let the poll start waiting (nothing observable to wait on)
+        t0 = time.monotonic()
+        assert c.stop_node(f, timeout=20) == 0
+        assert time.monotonic() - t0 < 5
+        code, body = poll.result(timeout=10)
+    assert code == 200 and body["deliveries"] == []
+    # and nothing was left in flight for the stopped node's consumer
+    lid = c.wait_leader()
+    assert call(c, lid, "GET", f"/topics/{topic}/groups/default")["in_flight"] == 0

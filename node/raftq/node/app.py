@@ -377,8 +377,23 @@ class Api:
         if not consumer:
             consumer = obj["consumer"] = f"c-{secrets.token_hex(8)}"
             body = codec.encode(obj, mp)[0]
+        fwd = asyncio.ensure_future(self._forward(request, st, body))
         try:
-            resp = await self._forward(request, st, body)
+            drain = asyncio.ensure_future(self.draining.wait())
+            try:
+                await asyncio.wait({fwd, drain}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                drain.cancel()
+            if not fwd.done():
+                # Shutting down: end the long poll now (as if it timed out); closing the
+                # upstream connection makes the leader release anything it had just handed out.
+                fwd.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ApiError):
+                    await fwd
+                if isinstance(consumer, str) and st.leader_api:
+                    self.spawn(self._release_at(st.leader_api, consumer))
+                return codec.respond(request, {"consumer": consumer, "deliveries": []})
+            resp = fwd.result()
             if resp.status == 200:
                 transport = request.transport
                 if transport is None or transport.is_closing():
@@ -387,6 +402,7 @@ class Api:
                 await resp.write_eof()
             return resp
         except (asyncio.CancelledError, ConnectionError):
+            fwd.cancel()
             if isinstance(consumer, str) and st.leader_api:
                 self.spawn(self._release_at(st.leader_api, consumer))
             raise
@@ -626,6 +642,10 @@ class Api:
                 return resp
             except (asyncio.CancelledError, ConnectionError):
                 if proposed:
+                    self.spawn(self.release(consumer))
+                raise
+            except ApiError as e:
+                if e.code == "outcome_unknown":  # it may have handed out deliveries: undo
                     self.spawn(self.release(consumer))
                 raise
 
