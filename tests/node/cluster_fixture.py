@@ -56,12 +56,15 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float, every: float
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:
+    """One JSON request; returns (status, decoded JSON body, or raw bytes when not JSON)."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw = r.read()
+            if "json" not in r.headers.get("Content-Type", "json"):
+                return r.status, raw  # e.g. /metrics text
             return r.status, (json.loads(raw) if raw else None)
     except urllib.error.HTTPError as e:
         raw = e.read()

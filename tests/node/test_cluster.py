@@ -52,10 +52,14 @@ def test_publish_receive_ack_through_any_node(shared_cluster3: Cluster) -> None:
     assert receive(c, n2, topic) == []
     stats = call(c, n3, "GET", f"/topics/{topic}/groups/default")
     assert (stats["acked_total"], stats["in_flight"], stats["pending"]) == (2, 0, 0)
-    for nid in c.nodes:  # every node agrees on the leader and answers
+    for nid in c.nodes:  # every node agrees on the leader, answers, is ready, reports metrics
         st = c.status(nid)
         assert st["leader"] == c.leader()
         assert all(m["answers"] for m in st["members"].values())
+        wait_for(f"{nid} ready", lambda n=nid: http("GET", c.url(n) + "/readyz")[0] == 200, 10)
+        code, text = http("GET", c.url(nid) + "/metrics")
+        assert code == 200
+        assert f'raftq_group_acked_total{{group="default",topic="{topic}"}} 2.0' in text.decode()
 
 
 def test_visibility_expiry_redelivers_with_next_attempt(shared_cluster3: Cluster) -> None:
