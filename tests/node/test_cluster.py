@@ -56,7 +56,8 @@ def test_publish_receive_ack_through_any_node(shared_cluster3: Cluster) -> None:
         st = c.status(nid)
         assert st["leader"] == c.leader()
         assert all(m["answers"] for m in st["members"].values())
-        wait_for(f"{nid} ready", lambda n=nid: http("GET", c.url(n) + "/readyz")[0] == 200, 10)
+        url = c.url(nid)
+        wait_for(f"{nid} ready", lambda: http("GET", url + "/readyz")[0] == 200, 10)  # noqa: B023
         code, text = http("GET", c.url(nid) + "/metrics")
         assert code == 200
         assert f'raftq_group_acked_total{{group="default",topic="{topic}"}} 2.0' in text.decode()
