@@ -997,3 +997,15 @@ def test_restore_rejects_an_unknown_snapshot_version() -> None:
 
     with pytest.raises(ValueError, match="version"):
         Broker().restore(msgpack.packb([99, 0, 0, []]))
+
+
+@pytest.mark.parametrize("data", [b"", b"junk", b"\x94\x01\x00\x00\x91\x01"])
+def test_restore_of_a_corrupt_snapshot_is_value_error_and_keeps_the_state(
+    h: Harness, data: bytes
+) -> None:
+    h.topic("t")
+    h.publish("t", b"x")
+    before = h.b.snapshot()
+    with pytest.raises(ValueError, match="snapshot"):
+        h.b.restore(data)
+    assert h.b.snapshot() == before

@@ -1035,32 +1035,44 @@ class Broker:
         )
 
     def restore(self, data: bytes) -> None:
-        obj = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
-        version, now, applied, topics = obj
+        """Replace the whole state with a snapshot's; on a bad snapshot raise ValueError and
+        keep the current state."""
+        try:
+            obj = msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+            version = obj[0]
+        except Exception as e:
+            raise ValueError(f"not a raftq snapshot: {e!r}") from e
         if version != SNAPSHOT_VERSION:
-            raise ValueError(f"unsupported snapshot version {version}")
-        self.__init__()  # type: ignore[misc]
-        self.now = now
-        self.applied_commands = applied
+            raise ValueError(f"unsupported snapshot version {version!r}")
+        try:
+            fresh = Broker()
+            fresh._load(obj)
+        except Exception as e:
+            raise ValueError(f"corrupt snapshot: {e!r}") from e
+        self.__dict__.update(fresh.__dict__)
+
+    def _load(self, obj: Any) -> None:
+        _, self.now, self.applied_commands, topics = obj
         for name, config, created_at, next_seq, first_seq, msgs, refs, dedup, tc, groups in topics:
-            t = Topic(name, config, created_at)
+            t = Topic(name, dict(config), created_at)
             t.next_seq = next_seq
             t.first_seq = first_seq
-            t.msgs = [None if m is None else (m[0], m[1], m[2]) for m in msgs]
-            t.refs = refs
-            for m in t.msgs:
-                if m is not None:
-                    t.count += 1
-                    t.bytes += len(m[0])
+            # Messages arrive as tuples already (use_list=False): no per-message work.
+            t.msgs = list(msgs)
+            t.refs = list(refs)
+            t.count = len(msgs) - t.msgs.count(None)
+            t.bytes = sum([len(m[0]) for m in msgs if m is not None])
             for k, s, e in dedup:
                 t.dedup[k] = (s, e)
             t.dedup_heap = [(e, k) for k, (_, e) in t.dedup.items()]
             heapq.heapify(t.dedup_heap)
             t.counters = dict(zip(TOPIC_COUNTERS, tc, strict=True))
             for gname, gcfg, cursor, skip, held, inflight, delayed, ready, gc in groups:
+                gcfg = dict(gcfg)
+                gcfg["backoff"] = list(gcfg["backoff"])
                 g = Group(gname, gcfg, cursor)
                 g.skip = set(skip)
-                g.held = dict((s, a) for s, a in held)
+                g.held = dict(held)
                 for s, consumer, mac, deadline in inflight:
                     g.inflight[s] = [consumer, mac, deadline]
                     g.by_consumer.setdefault(consumer, {})[s] = None
