@@ -122,3 +122,19 @@ def test_cluster_up_starts_stops_and_resumes_with_its_data(tmp_path: Path) -> No
         assert [base64.b64decode(d["payload"]) for d in got["deliveries"]] == [b"hi"]
     finally:
         down(proc, out)
+
+
+@pytest.mark.slow
+def test_cluster_up_fails_fast_when_a_node_cannot_start(tmp_path: Path) -> None:
+    api, raft = _consecutive_free_ports(1), _consecutive_free_ports(1)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", api))
+        busy.listen()
+        proc = subprocess.run(
+            [sys.executable, "-m", "raftq.node", "cluster", "up", "--nodes", "1",
+             "--dir", str(tmp_path / ".raftq"), "--api-port", str(api),
+             "--raft-port", str(raft)],
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 1
+    assert b"exited with" in proc.stderr and b"no leader" in proc.stderr

@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +75,11 @@ def get_json(url: str, timeout: float = 1.0) -> Any:
         return json.loads(e.read() or b"{}")
 
 
-def wait_for_leader(apis: list[str], timeout: float) -> str | None:
+def wait_for_leader(
+    apis: list[str], timeout: float, failed: Callable[[], bool] = lambda: False
+) -> str | None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not failed():
         for api in apis:
             try:
                 st = get_json(f"http://{api}/cluster", 0.5)
@@ -118,9 +121,23 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
             )
             log.close()
         apis = [n["api"] for n in layout]
-        leader = wait_for_leader(apis, 30.0)
+        leader = wait_for_leader(
+            apis, 30.0, lambda: stopping or any(p.poll() is not None for p in procs.values())
+        )
+        if leader is None and stopping:
+            return 0
         if leader is None:
-            print(f"no leader after 30 s; see the logs under {base}/n*/node.log", file=sys.stderr)
+            for nid, p in procs.items():
+                if p.poll() is not None:
+                    tail = (base / nid / "node.log").read_text(errors="replace").splitlines()[-5:]
+                    print(
+                        f"node {nid} exited with {p.returncode}:",
+                        *tail,
+                        sep="\n  ",
+                        file=sys.stderr,
+                    )
+            print(f"no leader; see the logs under {base}/n*/node.log", file=sys.stderr)
+            return 1
         else:
             first = apis[0]
             print(f"raftq cluster of {nodes} is up; leader {leader}; data and logs in {base}")
@@ -146,7 +163,7 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
             time.sleep(0.2)
     finally:
         code = stop_all(procs)
-    print("cluster stopped")
+        print("cluster stopped")
     return code
 
 
