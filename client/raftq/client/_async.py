@@ -22,6 +22,7 @@ import aiohttp
 import msgpack
 
 from raftq.client import _core as core
+from raftq.client._coalesce import Coalescer
 from raftq.client._message import Delivery
 from raftq.client.errors import RaftqError, Unavailable, error_from_body
 
@@ -158,6 +159,7 @@ class AsyncClient:
         self._session: aiohttp.ClientSession | None = None
         # Consumers whose loop has not finished: close() releases them before it goes.
         self._consumers: set[str] = set()
+        self._coalescers: dict[str, Coalescer] = {}
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -319,9 +321,19 @@ class AsyncClient:
         key: str | None = None,
         delay: float | None = None,
     ) -> int:
-        """Publish one message; returns its sequence number. Retries are deduplicated."""
-        body = core.message_body(self.producer, payload, headers, key, delay)
-        res = await self.request(core.Request("POST", core.path("topics", topic, "messages"), body))
+        """Publish one message; returns its sequence number once it is committed. Retries are
+        deduplicated. Concurrent calls share batch requests (see ``_coalesce``)."""
+        message = core.message_body(self.producer, payload, headers, key, delay)
+        coalescer = self._coalescers.get(topic)
+        if coalescer is None:
+
+            async def send(messages: list[dict[str, Any]]) -> list[Any]:
+                p = core.path("topics", topic, "publish")
+                res = await self.request(core.Request("POST", p, {"messages": messages}))
+                return list(res["messages"])
+
+            coalescer = self._coalescers[topic] = Coalescer(send)
+        res = await coalescer.submit(message)
         return int(res["seq"])
 
     async def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
