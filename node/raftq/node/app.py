@@ -272,6 +272,7 @@ class Api:
     async def _ticker(self) -> None:
         """Leader only: propose a ``tick`` when the earliest deadline / delay / retention is due.
         Re-armed after every applied entry, so there is no fixed-rate scan."""
+        last_ticked: int | None = None
         while True:
             try:
                 if not self.raft.is_leader():
@@ -280,6 +281,9 @@ class Api:
                 due = self.raft.read(lambda b: b.next_due())
                 now = time.time() * 1000
                 if due is not None and due <= now:
+                    if due == last_ticked:  # a tick did not move it: never spin on that
+                        await asyncio.sleep(0.05)
+                    last_ticked = due
                     await self.call({"op": "tick"})
                     continue
                 wait = 1.0 if due is None else min(1.0, (due - now) / 1000 + 0.001)
