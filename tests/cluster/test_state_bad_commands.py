@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -212,6 +213,11 @@ def test_any_command_is_answered_or_rejected_with_broker_error_without_change(
         assert b.snapshot() == BASE
         return
     assert isinstance(result, dict)
+    # whatever was accepted can still be snapshotted and restored exactly
+    snap = b.snapshot()
+    copy = Broker()
+    copy.restore(snap)
+    assert copy.snapshot() == snap
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
@@ -237,7 +243,17 @@ def test_a_command_that_is_not_a_map_is_invalid_argument(command: Any) -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"\xc1", encode_entry(NOW, [])[:-1], b"\x93\x02\x00\x90", b"\x92\x01\x00", b"\x01"],
+    [
+        b"",
+        b"\xc1",
+        encode_entry(NOW, [])[:-1],
+        b"\x93\x02\x00\x90",
+        b"\x92\x01\x00",
+        b"\x01",
+        encode_entry(-5, [{"op": "tick"}]),
+        msgpack.packb([1, 2**64 - 1, [{"op": "tick"}]]),
+        msgpack.packb([1, True, [{"op": "tick"}]]),
+    ],
 )
 def test_a_malformed_entry_changes_nothing_and_yields_no_results(data: bytes) -> None:
     b = fresh()

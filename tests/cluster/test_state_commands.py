@@ -94,6 +94,8 @@ def test_invalid_topic_names_are_invalid_name_naming_the_field(h: Harness, name:
         ({"max_age": float("nan")}, "max_age"),
         ({"dedup_window": -1}, "dedup_window"),
         ({"dedup_window": float("inf")}, "dedup_window"),
+        ({"max_messages": 2**53}, "max_messages"),
+        ({"max_bytes": 2**70}, "max_bytes"),
     ],
 )
 def test_bad_topic_config_is_invalid_argument_naming_the_field(
@@ -794,7 +796,7 @@ def test_time_never_goes_back(h: Harness) -> None:
 
 
 def test_command_without_integer_now_is_rejected(h: Harness) -> None:
-    for now in (None, "1", -1, 1.5, True):
+    for now in (None, "1", -1, 1.5, True, 2**53, 2**70):
         with pytest.raises(E.InvalidArgument) as ei:
             h.b.apply({"op": "tick", "now": now})
         assert ei.value.field == "now"  # type: ignore[attr-defined]
@@ -930,6 +932,8 @@ def test_peek_reads_without_delivering(h: Harness) -> None:
     assert h.gstats()["pending"] == 3
     with pytest.raises(E.InvalidArgument):
         h.b.peek("t", limit=0)
+    with pytest.raises(E.InvalidArgument):
+        h.b.peek("t", from_seq="2")
     with pytest.raises(E.TopicNotFound):
         h.b.peek("nope")
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgpack
 
+from raftq.cluster.errors import InvalidArgument
 from raftq.cluster.state import Broker
 
 ENTRY_VERSION = 1
@@ -35,6 +36,6 @@ def apply_entry(broker: Broker, data: bytes) -> list[dict[str, Any]]:
     """Decode and apply one entry; a malformed entry changes nothing and yields no results."""
     try:
         now, commands = decode_entry(data)
-    except (ValueError, msgpack.UnpackException, TypeError):
+        return broker.apply_batch(now, commands)
+    except (ValueError, msgpack.UnpackException, TypeError, InvalidArgument):
         return []
-    return broker.apply_batch(now, commands)

@@ -196,6 +196,12 @@ def _pop_due(
     return out
 
 
+def _now(now: Any) -> int:
+    if isinstance(now, bool) or not isinstance(now, int) or not 0 <= now <= v.MAX_INT:
+        raise InvalidArgument("command needs an integer 'now' in ms", field="now")
+    return now
+
+
 def _is_num(s: str) -> bool:
     return 0 < len(s) <= 20 and s.isascii() and s.isdigit()
 
@@ -224,15 +230,13 @@ class Broker:
         """Apply one command (a map with ``op`` and ``now``); raise BrokerError on rejection."""
         if not isinstance(command, Mapping):
             raise InvalidArgument("command must be a map", field="command")
-        now = command.get("now")
-        if isinstance(now, bool) or not isinstance(now, int) or now < 0:
-            raise InvalidArgument("command needs an integer 'now' in ms", field="now")
-        self._advance(now)
+        self._advance(_now(command.get("now")))
         return self._dispatch(command)
 
     def apply_batch(self, now: int, commands: Iterable[Any]) -> list[dict[str, Any]]:
-        """Apply a group-committed batch sharing one ``now``; errors become ``{"error": ...}``."""
-        self._advance(now)
+        """Apply a group-committed batch sharing one ``now``; errors become ``{"error": ...}``.
+        Raises InvalidArgument (and applies nothing) when ``now`` is not a time."""
+        self._advance(_now(now))
         out: list[dict[str, Any]] = []
         for cmd in commands:
             try:
@@ -981,6 +985,8 @@ class Broker:
         if t is None:
             raise TopicNotFound(f"topic {topic!r} not found", topic=topic)
         v.integer(limit, "limit", 1, v.MAX_RECEIVE)
+        if from_seq is not None:
+            v.integer(from_seq, "from_seq", 0)
         seq = t.oldest_seq() if from_seq is None else max(from_seq, t.oldest_seq())
         out: list[dict[str, Any]] = []
         while seq < t.next_seq and len(out) < limit:

@@ -21,6 +21,8 @@ MAX_KEY_LEN = 256
 MAX_HEADERS = 64
 MAX_HEADER_LEN = 4096
 MAX_RECEIVE = 1000
+# Every integer the state keeps must fit msgpack (64 bits) and JSON clients (53 bits).
+MAX_INT = 2**53 - 1
 
 TOPIC_DEFAULTS: dict[str, Any] = {
     "max_messages": 10_000_000,
@@ -49,12 +51,11 @@ def name(value: Any, field: str) -> str:
     return value
 
 
-def integer(value: Any, field: str, lo: int, hi: int | None = None) -> int:
+def integer(value: Any, field: str, lo: int, hi: int = MAX_INT) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{field} must be an integer", field=field)
-    if value < lo or (hi is not None and value > hi):
-        bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
-        raise InvalidArgument(f"{field} must be {bound}, got {value}", field=field)
+    if value < lo or value > hi:
+        raise InvalidArgument(f"{field} must be between {lo} and {hi}, got {value}", field=field)
     return value
 
 
