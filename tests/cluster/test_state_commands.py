@@ -1013,3 +1013,29 @@ def test_restore_of_a_corrupt_snapshot_is_value_error_and_keeps_the_state(
     with pytest.raises(ValueError, match="snapshot"):
         h.b.restore(data)
     assert h.b.snapshot() == before
+
+
+def test_results_do_not_alias_the_state(h: Harness) -> None:
+    h.topic("t")
+    h("publish", topic="t", messages=[{"payload": b"x", "headers": {"a": "b"}}])
+    before = h.b.snapshot()
+    h.b.peek("t")[0]["headers"]["a"] = "changed"
+    h.gstats()["config"]["backoff"].append(1)
+    h.b.topic_stats("t")["config"]["max_messages"] = 1
+    assert h.b.snapshot() == before
+    (d,) = h.receive()
+    d["headers"]["a"] = "changed"
+    assert h.b.peek("t")[0]["headers"] == {"a": "b"}
+
+
+@pytest.mark.parametrize("name", [None, 5, ["t"], {"t": 1}, "bad name"])
+def test_queries_with_a_bad_name_raise_broker_errors(h: Harness, name: Any) -> None:
+    h.topic("t")
+    for query in (
+        lambda: h.b.topic_stats(name),
+        lambda: h.b.group_stats(name, "default"),
+        lambda: h.b.group_stats("t", name),
+        lambda: h.b.peek(name),
+    ):
+        with pytest.raises(E.InvalidName):
+            query()

@@ -672,7 +672,7 @@ class Broker:
                     "attempt": attempt,
                     "receipt": f"{prefix}{seq}:{attempt}:{mac}",
                     "payload": m[0],
-                    "headers": m[2] or {},
+                    "headers": dict(m[2]) if m[2] else {},
                     "published_at": m[1],
                     "deadline": deadline,
                 }
@@ -932,9 +932,7 @@ class Broker:
         return list(self.topics)
 
     def topic_stats(self, name: str) -> dict[str, Any]:
-        t = self.topics.get(name)
-        if t is None:
-            raise TopicNotFound(f"topic {name!r} not found", topic=name)
+        t = self._topic({"topic": name})
         oldest = t.get(t.oldest_seq()) if t.count else None
         return {
             "topic": t.name,
@@ -950,9 +948,7 @@ class Broker:
         }
 
     def group_stats(self, topic: str, group: str) -> dict[str, Any]:
-        t = self.topics.get(topic)
-        if t is None:
-            raise TopicNotFound(f"topic {topic!r} not found", topic=topic)
+        t = self._topic({"topic": topic})
         return self._group_stats(t, _group(t, group))
 
     def _group_stats(self, t: Topic, g: Group) -> dict[str, Any]:
@@ -981,9 +977,7 @@ class Broker:
     def peek(
         self, topic: str, from_seq: int | None = None, limit: int = 10
     ) -> list[dict[str, Any]]:
-        t = self.topics.get(topic)
-        if t is None:
-            raise TopicNotFound(f"topic {topic!r} not found", topic=topic)
+        t = self._topic({"topic": topic})
         v.integer(limit, "limit", 1, v.MAX_RECEIVE)
         if from_seq is not None:
             v.integer(from_seq, "from_seq", 0)
@@ -993,7 +987,12 @@ class Broker:
             m = t.get(seq)
             if m is not None:
                 out.append(
-                    {"seq": seq, "payload": m[0], "headers": m[2] or {}, "published_at": m[1]}
+                    {
+                        "seq": seq,
+                        "payload": m[0],
+                        "headers": dict(m[2]) if m[2] else {},
+                        "published_at": m[1],
+                    }
                 )
             seq += 1
         return out
@@ -1096,7 +1095,10 @@ class Broker:
 
 
 def _group_config_out(g: Group) -> dict[str, Any]:
-    return dict(g.config)
+    """A copy: results leave the state machine and must not alias its state."""
+    out = dict(g.config)
+    out["backoff"] = list(out["backoff"])
+    return out
 
 
 _HANDLERS: dict[str, Any] = {
