@@ -94,7 +94,9 @@ async def handle(node: RaftNode, req: dict[str, Any], stop: asyncio.Event) -> No
         elif op == "digest":
             res = node.read(lambda b: b.digest())
         elif op == "stats":
-            res = dict(node.stats)
+            res = {**node.stats, "log_len": len(node._b._SyncObj__raftLog)}
+            if req.get("reset"):
+                node.stats["max_tick_ms"] = 0
         elif op == "transfer":
             res = await node.transfer_leadership(req.get("timeout", 5.0))
         elif op == "compact":

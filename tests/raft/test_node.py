@@ -207,3 +207,32 @@ async def test_add_and_remove_a_member(tmp_path: Path) -> None:
         await until("n4 removed", lambda: "n4" not in leader.status().members)
     finally:
         await ns.close()
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+async def test_a_send_larger_than_the_socket_buffer_is_flushed_without_waiting(
+    tmp_path: Path, fixed: bool
+) -> None:
+    """pysyncobj leaves the unsent rest of a message until the next send (a heartbeat later):
+    a 1 MB entry through 16 KB socket buffers took seconds. With the fix it streams."""
+    ns = Nodes(tmp_path, 3)
+    try:
+        for nid in ns.addrs:
+            node = RaftNode(ns.config(nid), fix_partial_sends=fixed, socket_buffer=8192)
+            node.start()
+            ns.nodes[nid] = node
+        leader = await ns.leader()
+        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        t0 = time.monotonic()
+        try:
+            await leader.propose([pub("t", b"x" * (1 << 20))], timeout=1.0)
+            took = time.monotonic() - t0
+        except UnknownOutcome:
+            took = float("inf")
+        if fixed:
+            assert took < 0.5
+            assert leader.stats["rearmed_sends"] > 0
+        else:
+            assert took > 0.5  # the bug this guards against is still there without the fix
+    finally:
+        await ns.close()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import itertools
@@ -96,7 +97,9 @@ ELECTION_MIN, ELECTION_MAX = 1.0, 2.0  # with 0.4-1.4 s (default) a 2-core box r
 # elections; 1-2 s keeps failover under ~2.5 s.
 LEADER_FALLBACK = 2.5  # an isolated leader steps down soon after the others can elect a new
 # one (> ELECTION_MAX), instead of accepting doomed proposals for 30 s (default).
-CONNECTION_TIMEOUT = 3.5  # pysyncobj requires >= ELECTION_MAX; dead peers are noticed by RST.
+CONNECTION_TIMEOUT = 10.0  # a follower restoring a 1M-message snapshot is silent for seconds;
+# with 3.5 s (default) the leader cut the connection mid-install and started over. Killed peers
+# are noticed at once (RST); Raft liveness does not depend on this timeout.
 RECONNECT = 0.3  # a restarted peer is reconnected within 0.3 s instead of 5 s (default).
 SOCKET_BUFFER = 4 << 20  # 64 KiB (default) filled with three 10 KiB entries in flight.
 MAX_ENTRY_BYTES = 4 << 20  # a proposal larger than this is refused (EntryTooLarge)
@@ -246,6 +249,7 @@ class _Snapshots:
         self._id: Any = None
         self._mem: bytes | None = None  # in-memory mode, and a received snapshot to load
         self._mem_done = False
+        self._started = 0.0
         self._tx: dict[Any, tuple[bytes, int]] = {}
         self._rx: bytearray | None = None
         self.installed = False  # the next deserialize() is a snapshot install, not startup
@@ -264,6 +268,7 @@ class _Snapshots:
         if self._pid or self._mem_done:
             return
         self._id = id_
+        self._started = time.monotonic()
         if self._disk is None or self._path is None:
             self._mem = self._blob(data)
             self._mem_done = True
@@ -292,6 +297,8 @@ class _Snapshots:
         self._pid = 0
         if status == 0:
             self._tx.clear()
+            self._owner.stats["snapshots"] += 1
+            self._owner.stats["last_snapshot_ms"] = int((time.monotonic() - self._started) * 1000)
             return SERIALIZER_STATE.SUCCESS, self._id
         log.error("snapshot %s: writer failed (status %d); journal kept", self._path, status)
         return SERIALIZER_STATE.FAILED, self._id
@@ -406,6 +413,8 @@ class RaftNode:
         disk: Disk | None = None,
         compaction_entries: int = COMPACTION_ENTRIES,
         fix_stale_acks: bool = True,
+        fix_partial_sends: bool = True,
+        socket_buffer: int = SOCKET_BUFFER,
     ) -> None:
         if config.fsync not in ("always", "never"):
             raise ValueError(f"fsync must be 'always' or 'never', not {config.fsync!r}")
@@ -421,6 +430,8 @@ class RaftNode:
         self._disk: Disk = disk if disk is not None else OsDisk()
         self._compaction_entries = compaction_entries
         self._fix_acks = fix_stale_acks
+        self._fix_sends = fix_partial_sends
+        self._socket_buffer = socket_buffer
         self._lock = threading.Lock()  # apply vs reads
         self._qlock = threading.Lock()  # proposal queue and pending table
         self._queue: deque[tuple[bytes, _Pending]] = deque()
@@ -444,7 +455,14 @@ class RaftNode:
         }
         for nid, (raddr, api) in config.peers.items():
             self._info[raddr] = (nid, api)
-        self.stats = {"stale_acks_ignored": 0, "rearmed_sends": 0, "syncs": 0}
+        self.stats = {
+            "stale_acks_ignored": 0,
+            "rearmed_sends": 0,
+            "syncs": 0,
+            "max_tick_ms": 0,
+            "snapshots": 0,
+            "last_snapshot_ms": 0,
+        }
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -475,8 +493,8 @@ class RaftNode:
             leaderFallbackTimeout=LEADER_FALLBACK,
             connectionTimeout=CONNECTION_TIMEOUT,
             connectionRetryTime=RECONNECT,
-            sendBufferSize=SOCKET_BUFFER,
-            recvBufferSize=SOCKET_BUFFER,
+            sendBufferSize=self._socket_buffer,
+            recvBufferSize=self._socket_buffer,
             appendEntriesBatchSizeBytes=APPEND_BATCH_BYTES,
             logCompactionBatchSize=1 << 20,
             logCompactionMinEntries=self._compaction_entries,
@@ -521,15 +539,24 @@ class RaftNode:
             if self._fatal is not None:
                 b._doDestroy()
                 raise self._fatal
+        # Loading a large snapshot takes seconds: start the election clock now, not at __init__,
+        # or this node calls an election (and deposes a healthy leader) on its first tick.
+        b._SyncObj__raftElectionDeadline = monotonic() + b._SyncObj__generateRaftTimeout()
         self._thread = threading.Thread(target=self._run, name=f"raft-{cfg.node_id}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         b = self._b
+        stats = self.stats
+        last = time.monotonic()
         while not self._stopping and self._fatal is None:
             try:
                 b.doTick(TICK)
                 self._after_tick()
+                now = time.monotonic()
+                # Longest tick (poll wait included): heartbeats stop while it runs.
+                stats["max_tick_ms"] = max(stats["max_tick_ms"], int((now - last) * 1000))
+                last = now
             except StorageError as e:
                 self._fail(e)
             except Exception:
@@ -587,11 +614,24 @@ class RaftNode:
         if journal.dirty:
             journal.sync()
             self.stats["syncs"] += 1
+        self._bound_reads()
         if self._acks:
             acks, self._acks = self._acks, []
             for node, msg in acks:
                 self._send_now(node, msg)
         self._deliver_all()
+
+    def _bound_reads(self) -> None:
+        """pysyncobj reads a socket until it would block and only then parses, growing its
+        buffer with ``+=`` and cutting every message off the front with a copy: both are
+        quadratic in a burst. A 100 MB snapshot sent to a restarted follower froze it for
+        10 s per attempt (the leader timed out and started over, forever). One recv per poll
+        event bounds the buffer; the poller is level-triggered, so the rest comes next."""
+        transport = self._b._SyncObj__transport
+        for conn in [*transport._connections.values(), *transport._unknownConnections]:
+            if not getattr(conn, "_raftq_bounded", False):
+                conn._raftq_bounded = True
+                conn._TcpConnection__tryReadBuffer = functools.partial(_read_once, conn)
 
     def _deliver_all(self) -> None:
         if not self._done:
@@ -675,6 +715,10 @@ class RaftNode:
             self.broker.restore(snap)
         for addr, nid, api in nodes:
             self._info[addr] = (nid, api)
+        # Restoring a large state blocks this thread for a while (1M messages: ~1.2 s): do not
+        # count it against the leader, or this node would call an election right after.
+        b = self._b
+        b._SyncObj__raftElectionDeadline = monotonic() + b._SyncObj__generateRaftTimeout()
         if install:
             with self._qlock:
                 for idx in [i for i in self._pending if i <= last_index]:
@@ -697,6 +741,16 @@ class RaftNode:
             self._on_ack(node, message)
             return
         self._orig_on_message(node, message)
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            part = message.get("serialized")
+            if part and not part[2]:
+                # pysyncobj does not answer snapshot chunks: the leader hears nothing for the
+                # whole transfer, drops the connection after CONNECTION_TIMEOUT and starts over
+                # (a 100 MB snapshot never got through). A progress reply keeps it alive.
+                self._send(
+                    node,
+                    {"type": "next_node_idx", "next_node_idx": 0, "reset": False, "success": False},
+                )
 
     def _on_ack(self, node: Any, message: dict[str, Any]) -> None:
         """pysyncobj sets next_index to whatever an ack says, so an ack for an older append
@@ -749,7 +803,7 @@ class RaftNode:
         conn._TcpConnection__trySendBuffer()
         if conn.state != CONNECTION_STATE.CONNECTED:
             return False
-        if conn.getSendBufferSize() > 0:
+        if self._fix_sends and conn.getSendBufferSize() > 0:
             # pysyncobj re-arms write interest only inside a write event, so a send that did not
             # fit the socket buffer would sit until the next send (up to a heartbeat later).
             self.stats["rearmed_sends"] += 1
@@ -936,6 +990,11 @@ class RaftNode:
         """Start a snapshot now (tests, benchmarks)."""
         self._calls.append(lambda: self._b.forceLogCompaction())
         self._wake()
+
+
+def _read_once(conn: Any) -> None:
+    conn._TcpConnection__processRead()
+    conn._TcpConnection__lastReadTime = monotonic()
 
 
 def _resolve(items: list[tuple[_Pending, Any, BaseException | None]]) -> None:
