@@ -7,8 +7,9 @@
 - the poison producer publishes ``poison-<n>``; every consumer nacks those, so they must reach
   the dead-letter topic after ``max_attempts`` deliveries;
 - consumers receive with a fixed visibility (so the checker can read server time off each
-  deadline) and ack; the "nacker" nacks some, the "crasher" sometimes drops the rest of a batch
-  without settling it (a simulated crash: new consumer id, leases left to expire);
+  deadline) and ack; the "nacker" nacks some and terms a few, the "crasher" sometimes drops
+  the rest of a batch without settling it (a simulated crash: new consumer id, leases left to
+  expire);
 - a dead-letter consumer acks what reaches the dead-letter topic;
 - ``drain`` (after healing) receives and acks (poison: nacks) until both groups are empty.
 
@@ -42,6 +43,7 @@ class WorkloadConfig:
     poison_interval: float = 0.25
     client_timeout: float = 6.0
     nack_rate: float = 0.2
+    term_rate: float = 0.03
     drop_rate: float = 0.08
     seed: int = 0
 
@@ -223,8 +225,13 @@ class Workload:
                     self._count("dropped")
                     cid = self._new_consumer(name)
                     break
-                nack = style == "nacker" and rng.random() < self.cfg.nack_rate
-                f = "nack" if nack or value.startswith("poison") else "ack"
+                roll = rng.random() if style == "nacker" else 1.0
+                if value.startswith("poison") or roll < self.cfg.nack_rate:
+                    f = "nack"
+                elif roll < self.cfg.nack_rate + self.cfg.term_rate:
+                    f = "term"
+                else:
+                    f = "ack"
                 proc = await self._settle(proc, f, m, self.cfg.topic)
 
     async def dead_letter_consumer(self) -> None:

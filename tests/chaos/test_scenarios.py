@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,9 @@ pytestmark = [
 ]
 
 SEED = int(os.environ.get("CHAOS_SEED", "0") or 0) or 20261129
+# Not tmp_path: pytest prunes old tmp dirs (other runs on this machine would delete a failing
+# run's history before anyone reads it). Passing runs are removed, failing ones kept.
+OUT = Path(os.environ.get("CHAOS_OUT") or Path(tempfile.gettempdir()) / "raftq-chaos")
 
 SCENARIOS = [
     Scenario(
@@ -57,11 +62,13 @@ SCENARIOS = [
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
-def test_scenario_keeps_every_invariant(scenario: Scenario, tmp_path: Path) -> None:
+def test_scenario_keeps_every_invariant(scenario: Scenario) -> None:
     scenario.seed = SEED
-    report = asyncio.run(run(scenario, tmp_path / scenario.name))
+    root = OUT / f"{scenario.name}-seed{SEED}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    report = asyncio.run(run(scenario, root))
     print(summary_table([report]))
     if not report.ok:
         pytest.fail(report.failure() + "\n" + summary_table([report]), pytrace=False)
+    shutil.rmtree(root, ignore_errors=True)
     assert report.ops > 50, "the workload barely ran"
     assert sum(report.faults_done.values()) >= 2, report.faults_done
