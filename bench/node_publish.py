@@ -4,8 +4,9 @@
 
 Starts a fresh cluster (fsync as given, default "always") under a temp dir, then for a few seconds
 each: single-message publishes from N concurrent connections to the leader, the same through a
-follower (one proxy hop), and batch publishes of --batch messages. Prints requests/s, messages/s,
-latency percentiles and the mean Raft entry size. Numbers on a shared 2-core box are noisy.
+follower (one proxy hop), batch publishes of --batch messages, and finally consumers that receive
+up to 100 and ack them in one request. Prints requests/s, messages/s, latency percentiles and the
+mean Raft entry size. The load generator shares the machine: numbers on a 2-core box are noisy.
 """
 
 from __future__ import annotations
@@ -63,6 +64,28 @@ async def run(url: str, topic: str, seconds: float, conc: int, batch: int) -> di
     }
 
 
+async def consume(url: str, topic: str, seconds: float, conc: int, n: int) -> float:
+    """Receive up to ``n`` per request and ack them in one request; returns acked msg/s."""
+    acked = 0
+    stop = time.monotonic() + seconds
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal acked
+        while time.monotonic() < stop:
+            path = f"/topics/{topic}/groups/default/receive"
+            async with session.post(url + path, json={"max": n, "wait": 1}) as r:
+                got = (await r.json())["deliveries"]
+            if got:
+                receipts = [d["receipt"] for d in got]
+                async with session.post(url + "/ack", json={"receipts": receipts}) as r:
+                    acked += (await r.json())["acked"]
+
+    async with aiohttp.ClientSession() as session:
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker(session) for _ in range(conc)))
+        return acked / (time.monotonic() - t0)
+
+
 async def entry_stats(url: str) -> tuple[float, float]:
     async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
         text = await r.text()
@@ -112,6 +135,8 @@ async def main() -> None:
                     f"p50 {res['p50_ms']:6.1f} ms  p99 {res['p99_ms']:6.1f} ms  "
                     f"{per_entry:5.1f} commands/entry  errors {res['errors']:.0f}"
                 )
+            rate = await consume(leader, "bench", args.seconds, 8, 100)
+            print(f"{'consume+ack via leader':22s} {rate:9.0f} msg/s (8 consumers, max 100)")
         finally:
             c.close()
 
