@@ -250,7 +250,8 @@ class Api:
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         self._loop = asyncio.get_running_loop()
         self.raft.add_apply_listener(self._on_apply)
-        self.session = aiohttp.ClientSession()
+        # No pool limit: every proxied long poll holds one connection to the leader.
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self.batcher.start()
         ticker = asyncio.ensure_future(self._ticker())
         yield
