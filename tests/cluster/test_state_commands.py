@@ -834,6 +834,7 @@ def test_purge_topic_removes_every_message_and_delivery(h: Harness) -> None:
     h.publish("t", b"1", b"2", b"3")
     (d, *_) = h.receive(max=1)
     assert h("purge", topic="t") == {"topic": "t", "purged": 3}
+    assert h.gstats()["purged_total"] == 3
     assert h.receive() == []
     assert h.gstats()["in_flight"] == 0
     assert h("ack", receipts=[d["receipt"]])["errors"][0]["code"] == "receipt_stale"
@@ -846,6 +847,7 @@ def test_purge_group_settles_its_backlog_only(h: Harness) -> None:
     h.publish("t", b"1", b"2")
     h.receive(group="a", max=1)
     assert h("purge", topic="t", group="a") == {"topic": "t", "group": "a", "purged": 2}
+    assert h.gstats("t", "a")["purged_total"] == 2
     assert h.receive(group="a") == []
     assert len(h.receive(group="b")) == 2
     assert h.b.topic_stats("t")["messages"] == 2

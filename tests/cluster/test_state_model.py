@@ -5,8 +5,8 @@ dropped) and the attempt count, and recomputes everything by brute force. After 
 broker's answers and statistics must agree with it, and these invariants must hold:
 
 - an acked message is never delivered again in its group;
-- no message vanishes: acked + dead-lettered + pending + delayed + in flight + dropped equals
-  published, per group (dropped only by retention or drop_oldest, and counted);
+- no message vanishes: acked + dead-lettered + pending + delayed + in flight + dropped + purged
+  equals published, per group (dropped by retention or drop_oldest, purged by purge: counted);
 - attempts never decrease (each delivery is the previous attempt + 1);
 - a message is dead-lettered exactly when a failed attempt used up max_attempts, or on term;
 - snapshot -> restore is an exact round trip, and the restored broker carries on.
@@ -35,7 +35,7 @@ GROUPS = {
     "a": (5000, 2, [0, 2], True),
     "b": (3000, 0, [], False),
 }
-SETTLED = ("acked", "dead", "dropped")
+SETTLED = ("acked", "dead", "dropped", "purged")
 LIVE = ("fresh", "ready", "delayed", "inflight")
 DEDUP_MS = 5000
 COUNTERS = (
@@ -47,6 +47,7 @@ COUNTERS = (
     "released",
     "dead",
     "dropped",
+    "purged",
 )
 
 
@@ -385,6 +386,23 @@ class BrokerMachine(RuleBasedStateMachine):
         self.model.advance(ms)
         assert self.apply("tick") == {"now": self.model.now}
 
+    @rule(g=st.sampled_from([None, *sorted(GROUPS)]), rare=st.integers(0, 4))
+    def purge(self, g: str | None, rare: int) -> None:
+        if rare:  # purging often would keep the backlog too small to reach other paths
+            return
+        m = self.model
+        n = 0
+        for group in GROUPS if g is None else [g]:
+            for e in m.st[group].values():
+                if e.status in LIVE:
+                    e.status = "purged"
+                    m.counters[group]["purged"] += 1
+                    n += 1
+            m.ready[group].clear()
+        res = self.apply("purge", topic="t", **({} if g is None else {"group": g}))
+        if g is not None:
+            assert res["purged"] == n
+
     @rule()
     def snapshot_round_trip(self) -> None:
         snap = self.b.snapshot()
@@ -424,6 +442,7 @@ class BrokerMachine(RuleBasedStateMachine):
                 + stats["delayed"]
                 + stats["in_flight"]
                 + stats["dropped_total"]
+                + stats["purged_total"]
                 == published
             )
         if m.dlq:

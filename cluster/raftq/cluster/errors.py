@@ -7,15 +7,15 @@ maps back to an exception class) and carries its data as attributes, also collec
     BrokerError                       code            data
     ├── InvalidArgument               invalid_argument  field
     │   ├── InvalidName               invalid_name      field, name
-    │   └── MessageTooLarge           message_too_large size, limit
-    ├── NotFound
+    │   └── MessageTooLarge           message_too_large size, limit, index
+    ├── NotFound                      not_found
     │   ├── TopicNotFound             topic_not_found   topic
     │   └── GroupNotFound             group_not_found   topic, group
-    ├── Conflict
+    ├── Conflict                      conflict
     │   ├── TopicExists               topic_exists      topic
     │   └── GroupExists               group_exists      topic, group
-    ├── TopicFull                     topic_full        topic, limit, count, bytes
-    └── ReceiptError
+    ├── TopicFull                     topic_full        topic, count, bytes, max_messages, max_bytes
+    └── ReceiptError                  receipt_error
         ├── ReceiptInvalid            receipt_invalid   receipt
         └── ReceiptStale              receipt_stale     receipt
 

@@ -94,6 +94,7 @@ GROUP_COUNTERS = (
     "released",
     "dead_lettered",
     "dropped",
+    "purged",
 )
 TOPIC_COUNTERS = ("published", "duplicates", "dropped_overflow", "expired", "purged")
 
@@ -419,9 +420,7 @@ class Broker:
         g = _group(t, cmd.get("group"))
         for seq in sorted(g.held):
             self._settle(t, seq)
-        for seq in range(max(g.cursor, t.oldest_seq()), t.next_seq):
-            if seq not in g.skip:
-                self._settle(t, seq)
+        self._settle_fresh(t, g)
         self._forget_consumers(t, g)
         del t.groups[g.name]
         return {"topic": t.name, "group": g.name, "deleted": True}
@@ -594,6 +593,27 @@ class Broker:
         t.bytes -= len(m[0])
         if i == t.head:
             t.trim()
+
+    def _settle_fresh(self, t: Topic, g: Group) -> int:
+        """Settle every fresh message of ``g`` at once (delete or purge of a group): one tight
+        pass over the group's backlog. Returns how many it settled."""
+        base, msgs, refs, skip = t.first_seq, t.msgs, t.refs, g.skip
+        n = freed = freed_bytes = 0
+        for i in range(max(g.cursor, t.oldest_seq()) - base, t.next_seq - base):
+            m = msgs[i]
+            if m is None or (skip and i + base in skip):
+                continue
+            n += 1
+            r = refs[i] - 1
+            refs[i] = r
+            if not r:
+                msgs[i] = None
+                freed += 1
+                freed_bytes += len(m[0])
+        t.count -= freed
+        t.bytes -= freed_bytes
+        t.trim()
+        return n
 
     def _unhold(self, t: Topic, g: Group, seq: int) -> None:
         del g.held[seq]
@@ -858,6 +878,7 @@ class Broker:
         if gname is None:
             n = t.count
             for g in t.groups.values():
+                g.counters["purged"] += len(g.held) + max(0, t.next_seq - g.cursor - len(g.skip))
                 for seq in list(g.held):
                     self._unhold(t, g, seq)
                 g.ready.clear()
@@ -877,10 +898,8 @@ class Broker:
             self._unhold(t, g, seq)
             self._settle(t, seq)
             n += 1
-        for seq in range(max(g.cursor, t.oldest_seq()), t.next_seq):
-            if seq not in g.skip:
-                self._settle(t, seq)
-                n += 1
+        n += self._settle_fresh(t, g)
+        g.counters["purged"] += n
         g.cursor = t.next_seq
         g.skip.clear()
         g.ready.clear()
