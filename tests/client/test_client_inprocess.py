@@ -147,6 +147,25 @@ async def test_streaming_consumer_gets_pushed_deliveries_and_acks_on_the_socket(
         assert pending(raft, topic) == (0, 0)
 
 
+async def test_acks_without_waiting_share_requests_and_take_effect(
+    server: tuple[LocalRaft, str],
+) -> None:
+    raft, url = server
+    topic = name()
+    async with AsyncClient(url) as c:
+        await c.create_topic(topic)
+        await c.publish_batch(topic, [f"m{i}" for i in range(30)])
+        n = 0
+        async for msg in c.consume(topic, prefetch=10, stream=True):
+            msg.ack_nowait()
+            n += 1
+            if n == 20:
+                break
+        for msg in await c.receive(topic, max=10, wait=1):
+            msg.ack_nowait()
+        await until(lambda: pending(raft, topic) == (0, 0))
+
+
 async def test_closing_a_stream_releases_its_unacked_deliveries_at_once(
     server: tuple[LocalRaft, str],
 ) -> None:

@@ -53,8 +53,20 @@ class AsyncMessage(Delivery):
         return await self._client._settle(op, body)
 
     async def ack(self) -> None:
+        """Acknowledge; returns once the ack is committed (raises ``ReceiptStale`` if the
+        delivery had already expired)."""
         await self._do("ack")
         self.settled = True
+
+    def ack_nowait(self) -> None:
+        """Acknowledge without waiting for the outcome (like NATS ``msg.ack()``): acks made in
+        the same event-loop turn share one request. If the ack does not take (the delivery
+        expired, the connection dropped), the message is simply delivered again."""
+        self.settled = True
+        if self._stream is not None and self._stream.open:
+            self._stream.ack_later(self.receipt)
+        else:
+            self._client._ack_later(self.receipt)
 
     async def nack(self, delay: float | None = None) -> None:
         await self._do("nack", delay=delay)
@@ -83,6 +95,8 @@ class _Stream:
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._ids = 0
         self.close_code: int | None = None
+        self._acks: list[str] = []
+        self._sends: set[asyncio.Future[None]] = set()
         self.reader = asyncio.ensure_future(self._read())
 
     @property
@@ -114,6 +128,20 @@ class _Stream:
             self._calls.clear()
             self.deliveries.put_nowait(None)
 
+    def ack_later(self, receipt: str) -> None:
+        if not self._acks:
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+        self._acks.append(receipt)
+
+    def _flush_acks(self) -> None:
+        receipts, self._acks = self._acks, []
+        if receipts and self.open:
+            frame = msgpack.packb({"id": None, "op": "ack", "receipts": receipts})
+            task = asyncio.ensure_future(self.ws.send_bytes(frame))
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
+            task.add_done_callback(_ignore_result)
+
     async def call(self, op: str, body: dict[str, Any]) -> Any:
         self._ids += 1
         fid = self._ids
@@ -127,9 +155,17 @@ class _Stream:
         return await fut
 
     async def close(self) -> None:
+        self._flush_acks()  # acks given before leaving the loop go out before the close
+        if self._sends:
+            await asyncio.wait(set(self._sends), timeout=5)
         await self.ws.close()
         with contextlib.suppress(asyncio.CancelledError):
             await self.reader
+
+
+def _ignore_result(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a lost fire-and-forget ack just means a redelivery
 
 
 def _topic_group(p: str) -> tuple[str, str]:
@@ -160,6 +196,8 @@ class AsyncClient:
         # Consumers whose loop has not finished: close() releases them before it goes.
         self._consumers: set[str] = set()
         self._coalescers: dict[str, Coalescer] = {}
+        self._pending_acks: list[str] = []
+        self._background: set[asyncio.Future[Any]] = set()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -175,6 +213,8 @@ class AsyncClient:
     async def close(self) -> None:
         """Release the deliveries of consume loops left open, then close the connections.
         (A loop left with ``break`` is finalized by the event loop a moment later.)"""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=self.timeout)
         for consumer in list(self._consumers):
             await self._release_quietly(consumer)
         if self._session is not None:
@@ -507,6 +547,19 @@ class AsyncClient:
         res = await self.request(core.Request("POST", "/" + op, body))
         core.raise_receipt_errors(res, len(body["receipts"]))
         return res
+
+    def _ack_later(self, receipt: str) -> None:
+        if not self._pending_acks:
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+        self._pending_acks.append(receipt)
+
+    def _flush_acks(self) -> None:
+        receipts, self._pending_acks = self._pending_acks, []
+        if receipts:
+            task = asyncio.ensure_future(self._settle("ack", {"receipts": receipts}))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            task.add_done_callback(_ignore_result)
 
     async def release(self, consumer: str) -> Any:
         p = core.path("consumers", consumer, "release")

@@ -9,7 +9,7 @@ The server keeps up to ``prefetch`` unsettled deliveries pushed to the socket:
                       {"type": "result", "id": N, "result": {...}}
                       {"type": "error", "id": N | null, "code", "message", "details"}
     client -> server  {"id": N, "op": "ack" | "nack" | "extend" | "term", "receipts": [...],
-                       "delay"?: s, "seconds"?: s, "reason"?: str}
+                       "delay"?: s, "seconds"?: s, "reason"?: str}   (id null: no answer wanted)
 
 Each settle is one command through group commit, answered after commit and apply. A delivery
 stops counting against ``prefetch`` when it is acked, nacked or termed, or when its deadline
@@ -66,6 +66,8 @@ class _Socket:
         self.json = fmt == "json"
 
     async def send(self, obj: dict[str, Any]) -> None:
+        if self.ws.closed:
+            return
         if self.json:
             await self.ws.send_str(json.dumps(_b64(obj)))
         else:
@@ -147,12 +149,15 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                 for r in receipts:
                     outstanding.pop(r, None)
                 credit.set()
-            await sock.send({"type": "result", "id": fid, "result": result})
+            if fid is not None:  # a frame without id asks for no answer (fire-and-forget acks)
+                await sock.send({"type": "result", "id": fid, "result": result})
         except ApiError as e:
-            await sock.send({"type": "error", "id": fid, **e.body()})
+            if fid is not None or e.code in ("malformed_body", "unknown_field"):
+                await sock.send({"type": "error", "id": fid, **e.body()})
+
+    settles: set[asyncio.Task[None]] = set()
 
     async def read_loop() -> None:
-        pending: set[asyncio.Task[None]] = set()
         async for msg in ws:
             if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 continue
@@ -170,10 +175,8 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                 )
                 continue
             task = asyncio.ensure_future(settle(frame))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-        for task in pending:
-            task.cancel()
+            settles.add(task)
+            task.add_done_callback(settles.discard)
 
     reader = asyncio.ensure_future(read_loop())
     close_code, close_msg = 1000, b"done"
@@ -208,9 +211,14 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
         except ConnectionError:
             pass
         finally:
-            reader.cancel()
+            if not reader.done():
+                reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
+            # Settles the client sent before it closed still count: let them finish first,
+            # then give back whatever is still in flight.
+            if settles:
+                await asyncio.wait(set(settles), timeout=api.settings.propose_timeout + 1)
             with contextlib.suppress(Exception):
                 await ws.close(code=close_code, message=close_msg)
             api.spawn(api.release(consumer))

@@ -1,0 +1,423 @@
+"""``raftq bench``: measure a local 3-node cluster (fsync always), optionally beside NATS JetStream.
+
+Cases, for each payload size, repeated ``--runs`` times (table: median, spread = min..max):
+  (a) one publish at a time, awaiting each            msgs/s, p50/p99
+  (b) single publishes pipelined, --window in flight  msgs/s, p50/p99 per message
+  (c) batched publishes, 100 per request, pipelined   msgs/s, p50/p99 per request
+  (d) consume + ack each, streaming, prefetch 100     msgs/s
+  (e) end-to-end latency publish -> delivery          p50/p99
+  (f) unavailability after kill -9 of the leader      seconds until publishes succeed again
+With ``--nats DIR`` (the perf-anchor scripts: start_nats.sh, bench_nats.py, stop_nats.sh) it also
+runs NATS JetStream R3 with ``sync_interval: always`` and prints raftq/NATS ratios. Writes JSON.
+Every server binds to 127.0.0.1 and is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from raftq.client import AsyncClient, RaftqError
+from raftq.node.devcluster import node_command, wait_for_leader
+
+CASES = "a,b,c,d,e,f"
+# raftq case -> the NATS anchor case it is compared with.
+NATS_CASE = {"a": "(a) sync publish", "b": "(b) pipelined publish", "c": "(b) pipelined publish",
+             "d": "(c) pull fetch"}  # fmt: skip
+
+
+def add_bench_parser(sub: Any) -> None:
+    p = sub.add_parser("bench", help="benchmark a local 3-node cluster (optionally beside NATS)")
+    p.add_argument("--sizes", default="100,1024", help="payload sizes in bytes")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--cases", default=CASES, help=f"subset of {CASES}")
+    p.add_argument("--secs", type=float, default=5.0, help="time bound of each timed case")
+    p.add_argument("--n", type=int, default=20_000, help="messages for (b), (c) and (d)")
+    p.add_argument("--window", type=int, default=1000, help="publishes in flight for (b)")
+    p.add_argument("--fsync", choices=["always", "never"], default="always")
+    p.add_argument("--nats", metavar="DIR", help="perf-anchor scripts dir: also run NATS")
+    p.add_argument("--out", default="bench-results.json", help="where to write JSON")
+    p.set_defaults(func=lambda args: asyncio.run(run(args)))
+
+
+# ---------------------------------------------------------------------- local cluster
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class LocalCluster:
+    def __init__(self, fsync: str, nodes: int = 3) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="raftq-bench-"))
+        ports = _free_ports(2 * nodes)
+        self.layout = [
+            {"id": f"n{i + 1}", "api": f"127.0.0.1:{ports[2 * i]}",
+             "raft": f"127.0.0.1:{ports[2 * i + 1]}"}
+            for i in range(nodes)
+        ]  # fmt: skip
+        self.fsync = fsync
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env = dict(os.environ, RAFTQ_SECRET=os.urandom(16).hex())
+
+    def start(self, nid: str | None = None) -> None:
+        for me in self.layout:
+            if nid is not None and me["id"] != nid:
+                continue
+            log = open(self.dir / f"{me['id']}.log", "ab")  # noqa: SIM115 - handed to the child
+            cmd = node_command(me, self.layout, self.dir / me["id"], self.fsync)
+            self.procs[me["id"]] = subprocess.Popen(
+                [*cmd, "--log-level", "WARNING"], stdout=log, stderr=subprocess.STDOUT,
+                env=self.env, start_new_session=True,
+            )  # fmt: skip
+            log.close()
+
+    def urls(self) -> list[str]:
+        return [f"http://{n['api']}" for n in self.layout]
+
+    def leader(self, timeout: float = 30.0) -> str:
+        lid = wait_for_leader([n["api"] for n in self.layout], timeout)
+        if lid is None:
+            raise RuntimeError(f"no leader within {timeout} s; logs in {self.dir}")
+        return lid
+
+    def url_of(self, nid: str) -> str:
+        return next(f"http://{n['api']}" for n in self.layout if n["id"] == nid)
+
+    def kill(self, nid: str) -> None:
+        p = self.procs[nid]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+    def rss_mb(self) -> dict[str, float]:
+        out = {}
+        for nid, p in self.procs.items():
+            try:
+                with open(f"/proc/{p.pid}/status") as f:
+                    kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+                out[nid] = kb / 1024
+            except (OSError, StopIteration):
+                pass
+        return out
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- measurement
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, round(p / 100 * (len(v) - 1))))]
+
+
+class Results:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, case: str, run: int, n: int, secs: float, lats: list[float] | None = None,
+            **extra: Any) -> None:  # fmt: skip
+        row: dict[str, Any] = {
+            "case": case,
+            "run": run,
+            "n": n,
+            "secs": round(secs, 3),
+            "rate": n / secs if secs > 0 else float("nan"),
+            **extra,
+        }
+        if lats:
+            row["p50_ms"] = pct(lats, 50) * 1e3
+            row["p99_ms"] = pct(lats, 99) * 1e3
+        self.rows.append(row)
+        lat = f" p50={row['p50_ms']:.2f}ms p99={row['p99_ms']:.2f}ms" if lats else ""
+        print(
+            f"  [raftq] {case} run{run}: n={n} {secs:.2f}s -> {row['rate']:.0f}/s{lat}", flush=True
+        )
+
+    def summary(self) -> list[dict[str, Any]]:
+        out = []
+        for case in dict.fromkeys(r["case"] for r in self.rows):
+            rs = [r for r in self.rows if r["case"] == case]
+            rates = [r["rate"] for r in rs]
+            s: dict[str, Any] = {"case": case, "runs": len(rs),
+                                 "median_rate": statistics.median(rates),
+                                 "min_rate": min(rates), "max_rate": max(rates)}  # fmt: skip
+            if "p50_ms" in rs[0]:
+                s["median_p50_ms"] = statistics.median(r["p50_ms"] for r in rs)
+                s["median_p99_ms"] = statistics.median(r["p99_ms"] for r in rs)
+            for k in ("unavailable_s",):
+                if k in rs[0]:
+                    s[f"median_{k}"] = statistics.median(r[k] for r in rs)
+                    s[f"max_{k}"] = max(r[k] for r in rs)
+            out.append(s)
+        return out
+
+
+async def timed(
+    secs: float, n_max: int, op: Callable[[], Awaitable[Any]]
+) -> tuple[int, float, list[float]]:
+    lats: list[float] = []
+    t0 = time.perf_counter()
+    end = t0 + secs
+    while len(lats) < n_max:
+        a = time.perf_counter()
+        await op()
+        b = time.perf_counter()
+        lats.append(b - a)
+        if b >= end:
+            break
+    return len(lats), time.perf_counter() - t0, lats
+
+
+async def pipelined(
+    n: int, window: int, op: Callable[[], Awaitable[Any]]
+) -> tuple[float, list[float]]:
+    lats: list[float] = []
+    sem = asyncio.Semaphore(window)
+
+    async def one() -> None:
+        async with sem:
+            a = time.perf_counter()
+            await op()
+            lats.append(time.perf_counter() - a)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(n)))
+    return time.perf_counter() - t0, lats
+
+
+async def run_cases(cl: LocalCluster, args: argparse.Namespace, res: Results) -> None:
+    cases = set(args.cases.split(","))
+    for size in [int(s) for s in args.sizes.split(",")]:
+        for run in range(1, args.runs + 1):
+            async with AsyncClient(cl.url_of(cl.leader()), timeout=60) as c:
+                topic = f"bench-{size}-{run}-{os.getpid()}"
+                await c.create_topic(topic)
+                await one_run(c, topic, b"m" * size, run, args, cases, res)
+                await c.delete_topic(topic)
+    if "f" in cases:
+        for run in range(1, args.runs + 1):
+            gap = await failover(cl)
+            res.add("(f) publishes resume after leader kill", run, 1, 1.0, unavailable_s=gap)
+
+
+async def one_run(
+    c: AsyncClient,
+    topic: str,
+    payload: bytes,
+    run: int,
+    args: argparse.Namespace,
+    cases: set[str],
+    res: Results,
+) -> None:
+    label = f"{len(payload)}B"
+    batch = [payload] * 100
+
+    async def publish() -> None:
+        await c.publish(topic, payload)
+
+    async def publish_batch() -> None:
+        await c.publish_batch(topic, batch)
+
+    if "a" in cases:
+        n, secs, lats = await timed(args.secs, 50_000, publish)
+        res.add(f"(a) sync publish {label}", run, n, secs, lats)
+        await c.purge(topic)
+    if "b" in cases:
+        secs, lats = await pipelined(args.n, args.window, publish)
+        res.add(f"(b) pipelined publish {label} (window {args.window})", run, args.n, secs, lats)
+    if "c" in cases:
+        reqs = max(1, args.n // 100)
+        secs, lats = await pipelined(reqs, 10, publish_batch)
+        res.add(f"(c) batch publish {label} (100/request, 10 in flight)", run, reqs * 100, secs,
+                lats)  # fmt: skip
+    if "d" in cases:
+        backlog = int((await c.topic(topic))["messages"])
+        if backlog == 0:
+            await pipelined(max(1, args.n // 100), 10, publish_batch)
+            backlog = int((await c.topic(topic))["messages"])
+        got = 0
+        t0 = time.perf_counter()
+        async for msg in c.consume(topic, prefetch=100, stream=True):
+            msg.ack_nowait()  # as NATS msg.ack(): the ack is not awaited
+            got += 1
+            if got >= backlog:
+                break
+        res.add(f"(d) consume+ack {label} (stream, prefetch 100)", run, got,
+                time.perf_counter() - t0)  # fmt: skip
+    if "e" in cases:
+        await c.purge(topic)
+        lats = await end_to_end(c, topic, payload, args.secs)
+        res.add(f"(e) end-to-end publish->delivery {label}", run, len(lats), sum(lats) or 1e-9,
+                lats)  # fmt: skip
+
+
+async def end_to_end(c: AsyncClient, topic: str, payload: bytes, secs: float) -> list[float]:
+    lats: list[float] = []
+    sent: dict[int, float] = {}
+    done = asyncio.Event()
+
+    async def consume() -> None:
+        async for msg in c.consume(topic, prefetch=10, stream=True):
+            t = sent.get(msg.seq)
+            if t is not None:
+                lats.append(time.perf_counter() - t)
+            await msg.ack()
+            if done.is_set() and len(lats) >= len(sent):
+                return
+
+    task = asyncio.ensure_future(consume())
+    end = time.perf_counter() + secs
+    while time.perf_counter() < end and len(sent) < 5000:
+        t = time.perf_counter()
+        seq = await c.publish(topic, payload)
+        sent[seq] = t
+        await asyncio.sleep(0.002)
+    done.set()
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(task, 10)
+    return lats
+
+
+async def failover(cl: LocalCluster) -> float:
+    """Seconds from kill -9 of the leader until a publish succeeds again (the client retries on
+    its own: this is what a publisher sees). The killed node is restarted afterwards."""
+    leader = cl.leader()
+    topic = f"failover-{os.getpid()}-{time.monotonic_ns()}"
+    async with AsyncClient(cl.urls(), timeout=30, attempt_timeout=1) as c:
+        await c.create_topic(topic)
+        for _ in range(20):
+            await c.publish(topic, b"x")
+        killed_at = time.perf_counter()
+        cl.kill(leader)
+        while True:
+            try:
+                await c.publish(topic, b"x")
+                break
+            except RaftqError:
+                continue
+        gap = time.perf_counter() - killed_at
+    cl.start(leader)
+    cl.leader()
+    return gap
+
+
+# ---------------------------------------------------------------------- NATS side by side
+
+
+def run_nats(anchors: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    work = tempfile.mkdtemp(prefix="raftq-anchors-")
+    env = dict(os.environ, ANCHOR_WORK=work, SYNC="always")
+    nats_bin = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
+    env["NATS_BIN"] = nats_bin
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    try:
+        subprocess.run(["bash", f"{anchors}/start_nats.sh"], env=env, check=True, timeout=60)
+        subprocess.run(
+            [sys.executable, f"{anchors}/bench_nats.py", "--tag", "sync-always",
+             "--sizes", args.sizes, "--runs", str(args.runs), "--n", str(args.n),
+             "--sync-secs", str(args.secs)],
+            env=env, check=True, timeout=1800, cwd=anchors,
+        )  # fmt: skip
+        newest = sorted(glob.glob(f"{work}/results/nats-*.json"))[-1]
+        summary: list[dict[str, Any]] = json.loads(Path(newest).read_text())["summary"]
+        return summary
+    finally:
+        subprocess.run(["bash", f"{anchors}/stop_nats.sh"], env=env, timeout=60)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def ratios(ours: list[dict[str, Any]], nats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for s in ours:
+        letter = s["case"][1]
+        prefix = NATS_CASE.get(letter)
+        size = s["case"].split()[-1] if letter == "d" else None
+        label = next((w for w in s["case"].split() if w.endswith("B") and w[:-1].isdigit()), size)
+        match = next(
+            (
+                n
+                for n in nats
+                if prefix and n["case"].startswith(prefix) and f" {label}" in n["case"]
+            ),
+            None,
+        )
+        if match:
+            out.append({"case": s["case"], "nats_case": match["case"],
+                        "ratio": s["median_rate"] / match["median_rate"],
+                        "raftq": s["median_rate"], "nats": match["median_rate"]})  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------------- entry
+
+
+async def run(args: argparse.Namespace) -> int:
+    res = Results()
+    cl = LocalCluster(args.fsync)
+    meta = {"fsync": args.fsync, "cpus": os.cpu_count(), "args": vars(args) | {"func": None}}
+    try:
+        cl.start()
+        print(f"raftq cluster up (fsync {args.fsync}); leader {cl.leader()}", flush=True)
+        await run_cases(cl, args, res)
+        meta["rss_mb_after"] = cl.rss_mb()
+    finally:
+        cl.stop()
+    summary = res.summary()
+    nats = run_nats(args.nats, args) if args.nats else []
+    table = ratios(summary, nats)
+    print("\n== raftq summary (median of runs; spread = min..max) ==")
+    for s in summary:
+        lat = (f" p50 {s['median_p50_ms']:.2f} ms p99 {s['median_p99_ms']:.2f} ms"
+               if "median_p50_ms" in s else "")  # fmt: skip
+        extra = ""
+        if "median_unavailable_s" in s:
+            extra = (f" unavailable median {s['median_unavailable_s']:.2f} s, "
+                     f"max {s['max_unavailable_s']:.2f} s")  # fmt: skip
+        print(f"{s['case']:52s} {s['median_rate']:10.0f}/s "
+              f"({s['min_rate']:.0f}..{s['max_rate']:.0f}){lat}{extra}")  # fmt: skip
+    if table:
+        print("\n== raftq / NATS JetStream (sync_interval: always) ==")
+        for r in table:
+            print(f"{r['case']:52s} {r['ratio']:5.2f}x  ({r['raftq']:.0f} vs {r['nats']:.0f}/s "
+                  f"{r['nats_case']})")  # fmt: skip
+    report = {"meta": meta, "runs": res.rows, "summary": summary, "nats": nats, "ratios": table}
+    with open(args.out, "w") as f:  # noqa: ASYNC230 - once, at the end
+        json.dump(report, f, indent=1, default=str)
+    print(f"\nwrote {args.out}")
+    return 0
