@@ -135,3 +135,15 @@ def test_node_refuses_to_start_on_a_corrupt_snapshot(tmp_path: Path) -> None:
     with pytest.raises(StorageCorrupt, match=r"snapshot\.bin"):
         RaftNode(_config(tmp_path)).start()
     assert os.path.exists(tmp_path / "snapshot.bin")  # never deleted or overwritten
+
+
+def test_node_refuses_to_start_when_the_snapshot_before_the_journal_is_missing(
+    tmp_path: Path,
+) -> None:
+    j = Journal(OsDisk(), str(tmp_path / "journal.log"), None)
+    j.add(b"\x01", 40, 3)  # a compacted journal: entries before 40 live in the snapshot
+    j.add(b"\x01", 41, 3)
+    j.sync()
+    j._destroy()
+    with pytest.raises(StorageCorrupt, match="snapshot before it is missing"):
+        RaftNode(_config(tmp_path)).start()

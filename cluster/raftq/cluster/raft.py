@@ -536,9 +536,24 @@ class RaftNode:
         self._notifier = PipeNotifier(b._poller)
         if self._snaps.exists():
             b._SyncObj__loadDumpFile(clearJournal=False)
-            if self._fatal is not None:
-                b._doDestroy()
-                raise self._fatal
+        elif journal[0][1] > 1:
+            self._fail(
+                StorageCorrupt(
+                    f"{journal_path}: starts at entry {journal[0][1]} but"
+                    f" the snapshot before it is missing"
+                )
+            )
+        if self._fatal is not None:
+            b._doDestroy()
+            self._close_notifier()
+            raise self._fatal
+        if not cfg.secret:
+            log.warning(
+                "raft %s: INSECURE, no cluster secret: anyone reaching %s can run code"
+                " in this process",
+                cfg.node_id,
+                cfg.raft_addr,
+            )
         # Loading a large snapshot takes seconds: start the election clock now, not at __init__,
         # or this node calls an election (and deposes a healthy leader) on its first tick.
         b._SyncObj__raftElectionDeadline = monotonic() + b._SyncObj__generateRaftTimeout()
@@ -573,11 +588,20 @@ class RaftNode:
             log.exception("closing raft failed")
         self._fail_all()
 
+    def _close_notifier(self) -> None:
+        n, self._notifier = self._notifier, None
+        if n is not None:
+            for fd in (n._PipeNotifier__pipeR, n._PipeNotifier__pipeW):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
     async def stop(self) -> None:
         self._stopping = True
         self._wake()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10.0)
+            if not self._thread.is_alive():
+                self._close_notifier()  # here, not on the tick thread: _wake() may be writing
         self._fail_all()
 
     def _fail(self, err: BaseException) -> None:
@@ -604,9 +628,10 @@ class RaftNode:
     # ------------------------------------------------------------------ tick thread
 
     def _wake(self) -> None:
-        if self._notifier is not None:
+        n = self._notifier
+        if n is not None:
             with contextlib.suppress(OSError):  # pipe full: a wake-up is already pending
-                self._notifier.notify()
+                n.notify()
 
     def _after_tick(self) -> None:
         journal = self._journal
