@@ -122,11 +122,18 @@ class Batcher:
             if len(results) != len(commands):
                 raise BatchMismatch(f"{len(commands)} commands, {len(results)} results")
         except Exception as e:
+            if len(batch) > 1 and self._splittable(e):
+                # Refused as a whole and definitely not applied: retry in halves, in order, so
+                # only a command that is too large on its own fails.
+                half = len(batch) // 2
+                await self._send(batch[:half])
+                await self._send(batch[half:])
+                return
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(e)
             return
-        finally:
+        else:
             if self._on_batch is not None:
                 self._on_batch(len(commands), time.perf_counter() - t0)
         for (_, fut), result in zip(batch, results, strict=True):
