@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 import pytest
+from conftest import check_invariants  # type: ignore[import-not-found]
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -445,6 +446,7 @@ class BrokerMachine(RuleBasedStateMachine):
                 + stats["purged_total"]
                 == published
             )
+        check_invariants(self.b)
         if m.dlq:
             assert self.b.topic_stats("t.dlq")["messages"] == m.dlq
         else:
