@@ -22,7 +22,7 @@ from raftq.node.app import API_KEY, NodeSettings, build_app
 from raftq.node.httperrors import STATUS_BY_CODE
 from raftq.node.local import LocalRaft
 from raftq.node.openapi import document
-from raftq.node.raftapi import QueueFull, UnknownOutcome
+from raftq.node.raftapi import EntryTooLarge, NotLeader, QueueFull, UnknownOutcome
 
 Client = TestClient[web.Request, web.Application]
 
@@ -346,6 +346,10 @@ async def test_raft_failures_map_to_definite_statuses(node: tuple[LocalRaft, Cli
     raft.fail_next(UnknownOutcome("lost"))
     r = await client.post(f"/topics/{topic}/messages", json={"payload": b64(b"x")})
     assert r.status == 504 and (await r.json())["code"] == "outcome_unknown"
+    raft.fail_next(EntryTooLarge("too big"))
+    r = await client.post(f"/topics/{topic}/messages", json={"payload": b64(b"x")})
+    assert r.status == 413 and (await r.json())["code"] == "entry_too_large"
+    assert raft.read(lambda b: b.topic_stats(topic)["messages"]) == 0
 
 
 async def test_without_a_leader_answers_503_with_retry_after(
@@ -376,6 +380,31 @@ async def test_follower_forwards_requests_to_the_leader() -> None:
             assert got["deliveries"][0]["payload"] == b64(b"via")
             r = await fc.get(f"/topics/{topic}/groups/nope")
             assert r.status == 404 and (await r.json())["code"] == "group_not_found"
+
+
+class DeposedRaft(LocalRaft):
+    """Believes it leads until it proposes: then learns that ``new_api`` won an election."""
+
+    new_api = ""
+
+    async def propose(self, commands: list[dict[str, Any]], timeout: float = 5.0) -> Any:
+        self.set_follower("n2", self.new_api)
+        raise NotLeader("deposed", "n2", self.new_api)
+
+
+async def test_leadership_lost_mid_request_is_forwarded_to_the_new_leader() -> None:
+    new = LocalRaft("n2")
+    async with TestClient(TestServer(build_app(new))) as nc:
+        old = DeposedRaft("n1")
+        old.new_api = f"{nc.host}:{nc.port}"
+        async with TestClient(TestServer(build_app(old))) as oc:
+            topic = await make_topic(nc)
+            hdr = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+            body = msgpack.packb({"payload": b"moved"})
+            r = await oc.post(f"/topics/{topic}/messages", data=body, headers=hdr)
+            assert r.status == 200
+            assert msgpack.unpackb(await r.read()) == {"seq": 1, "duplicate": False}
+            assert new.read(lambda b: b.peek(topic))[0]["payload"] == b"moved"
 
 
 # ---------------------------------------------------------------------- contracts
