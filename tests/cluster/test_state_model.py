@@ -76,7 +76,7 @@ class Model:
         self.ready: dict[str, list[int]] = {g: [] for g in GROUPS}
         self.counters = {g: dict.fromkeys(COUNTERS, 0) for g in GROUPS}
         self.dedup: dict[str, tuple[int, int]] = {}
-        self.dlq = 0
+        self.dlq: list[tuple[str, ...]] = []  # (seq, attempts, reason) in DLQ order
         self.receipts: dict[str, tuple[str, int, int]] = {}
 
     # -- helpers
@@ -94,17 +94,17 @@ class Model:
                 e.status = "dropped"
                 self.counters[g]["dropped"] += 1
 
-    def dead(self, g: str, seq: int) -> None:
+    def dead(self, g: str, seq: int, reason: str) -> None:
         self.st[g][seq].status = "dead"
         self.counters[g]["dead"] += 1
         if GROUPS[g][3]:
-            self.dlq += 1
+            self.dlq.append((str(seq), str(self.st[g][seq].attempts), reason))
 
-    def fail(self, g: str, seq: int, delay_ms: int | None) -> int:
+    def fail(self, g: str, seq: int, delay_ms: int | None, reason: str) -> int:
         e = self.st[g][seq]
         _, max_attempts, backoff, _ = GROUPS[g]
         if max_attempts and e.attempts >= max_attempts:
-            self.dead(g, seq)
+            self.dead(g, seq, reason)
             return 1
         if delay_ms is None:
             delay_ms = round(backoff[min(e.attempts, len(backoff)) - 1] * 1000) if backoff else 0
@@ -133,7 +133,7 @@ class Model:
             )
             for _, s in due:
                 self.counters[g]["timed_out"] += 1
-                self.fail(g, s, None)
+                self.fail(g, s, None, "visibility_timeout")
         for g in GROUPS:
             due = sorted(
                 (e.due, s)
@@ -196,6 +196,7 @@ class Model:
         out = []
         for s in picked:
             e = self.st[g][s]
+            assert e.status in ("fresh", "ready")  # never an acked (or settled) message
             e.attempts += 1
             e.status, e.consumer, e.deadline = "inflight", consumer, deadline
             out.append((s, e.attempts))
@@ -209,6 +210,7 @@ class BrokerMachine(RuleBasedStateMachine):
         self.b = Broker()
         self.model: Model
         self.tokens = 0
+        self.last_attempt: dict[tuple[str, int], int] = {}
 
     def apply(self, op: str, **fields: Any) -> dict[str, Any]:
         return self.b.apply({"op": op, "now": self.model.now, **fields})
@@ -293,6 +295,9 @@ class BrokerMachine(RuleBasedStateMachine):
         res = self.apply("receive", **fields)
         got = [(d["seq"], d["attempt"]) for d in res["deliveries"]]
         assert got == expected, (got, expected)
+        for seq, attempt in got:  # attempts only ever grow, by one per delivery
+            assert attempt == self.last_attempt.get((g, seq), 0) + 1
+            self.last_attempt[(g, seq)] = attempt
         for d in res["deliveries"]:
             e = self.model.st[g][d["seq"]]
             e.receipt = d["receipt"]
@@ -334,7 +339,7 @@ class BrokerMachine(RuleBasedStateMachine):
             if hit is not None:
                 ok += 1
                 self.model.counters[hit[0]]["nacked"] += 1
-                dead += self.model.fail(*hit, delay)
+                dead += self.model.fail(*hit, delay, "nack")
         fields: dict[str, Any] = {"receipts": receipts}
         if delay is not None:
             fields["delay"] = delay / 1000
@@ -363,8 +368,8 @@ class BrokerMachine(RuleBasedStateMachine):
             hit = self.model.in_flight(r)
             if hit is not None:
                 ok += 1
-                self.model.dead(*hit)
-        assert self.apply("term", receipts=receipts)["terminated"] == ok
+                self.model.dead(*hit, "term: stop")
+        assert self.apply("term", receipts=receipts, reason="stop")["terminated"] == ok
 
     @rule(consumer=st.sampled_from(["c1", "c2"]))
     def release(self, consumer: str) -> None:
@@ -378,7 +383,7 @@ class BrokerMachine(RuleBasedStateMachine):
             for s in mine:
                 n += 1
                 self.model.counters[g]["released"] += 1
-                dead += self.model.fail(g, s, 0)
+                dead += self.model.fail(g, s, 0, "released")
         res = self.apply("release", consumer=consumer)
         assert (res["released"], res["dead_lettered"]) == (n, dead)
 
@@ -448,7 +453,12 @@ class BrokerMachine(RuleBasedStateMachine):
             )
         check_invariants(self.b)
         if m.dlq:
-            assert self.b.topic_stats("t.dlq")["messages"] == m.dlq
+            # dead letters: exactly the failed attempts past max_attempts and the terms
+            got = [
+                tuple(d["headers"][f"x-raftq-dlq-{k}"] for k in ("seq", "attempts", "reason"))
+                for d in self.b.peek("t.dlq", limit=1000)
+            ]
+            assert got == m.dlq
         else:
             assert "t.dlq" not in self.b.list_topics()
 
