@@ -3,7 +3,8 @@
     .venv/bin/python bench/raft_bench.py [--batches 2000] [--singles 2000]
 
 For fsync always and never: sequential batches of 100 x 100 B (msgs/s, p50/p99 per batch) and
-one small command at a time (p50/p99). Then 8 concurrent proposers with and without the stale
+one small command at a time (p50/p99). Failover time after kill -9 of the leader. Then 8
+concurrent proposers with and without the stale
 ack fix (counts the next-index rewinds avoided and pysyncobj's "truncating already-applied"
 logs). Numbers are noisy on a shared 2-core box.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,6 +52,22 @@ def main() -> None:
                     f"  p50 {res['p50_ms']:.2f} ms  p99 {res['p99_ms']:.2f} ms",
                     flush=True,
                 )
+        root = Path(tmp) / "failover"
+        c = RaftCluster(root, 3).start_all()
+        c.propose([{"op": "create_topic", "topic": "f"}])
+        times = []
+        for _ in range(3):
+            leader = c.leader()
+            t0 = time.perf_counter()
+            leader.kill()
+            c.propose([{"op": "tick"}], timeout=30)  # retried on the new leader
+            times.append(time.perf_counter() - t0)
+            c.start(leader.id)
+        c.close()
+        print(
+            "failover (kill -9 leader -> next commit): " + ", ".join(f"{t:.2f} s" for t in times),
+            flush=True,
+        )
         for fix in (True, False):
             root = Path(tmp) / f"acks-{fix}"
             extra = [] if fix else ["--no-ack-fix"]

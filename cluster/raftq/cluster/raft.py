@@ -87,29 +87,32 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # ---------------------------------------------------------------------------- tuning
-# Measured on the 2-core CI box (bench/raft_bench.py, tests/raft); see DESIGN.md.
-TICK = 0.01  # poll timeout of the tick thread: new proposals wake it through a pipe, so this
-# only bounds timer resolution (heartbeats, elections); 10 ms costs ~1% CPU when idle.
-APPEND_PERIOD = 0.05  # heartbeat only: entries are sent as soon as they are appended, so a
-# longer period does not add latency (the default 0.1 s made every entry wait for it).
-ELECTION_MIN, ELECTION_MAX = 1.0, 2.0  # with 0.4-1.4 s (default) a 2-core box running the
-# whole test suite saw tick stalls near 0.5 s (fsync + GC + CPU contention) and spurious
-# elections; 1-2 s keeps failover under ~2.5 s.
+# Measured on the shared 2-core box (bench/raft_bench.py, bench/raft_snapshot.py, tests/raft).
+TICK = 0.01  # poll timeout of the tick thread; new proposals wake it through a pipe, so this
+# only bounds timer resolution. Idle 3-node cluster: 1.3-1.8% CPU per node.
+APPEND_PERIOD = 0.05  # heartbeat only: we send entries as soon as they are appended (pysyncobj
+# made each wait for the next period: ~10 commands/s sequentially with the 0.1 s default).
+ELECTION_MIN, ELECTION_MAX = 1.0, 2.0  # longest Raft tick seen on the loaded box (load ~5 on
+# 2 cores): 250 ms during compaction, 90 ms on a leader streaming a 100 MB snapshot, 16 ms idle;
+# the 0.4 s default left too little margin. Failover (kill -9 of the leader) takes ~1-2.5 s.
 LEADER_FALLBACK = 2.5  # an isolated leader steps down soon after the others can elect a new
-# one (> ELECTION_MAX), instead of accepting doomed proposals for 30 s (default).
-CONNECTION_TIMEOUT = 10.0  # a follower restoring a 1M-message snapshot is silent for seconds;
-# with 3.5 s (default) the leader cut the connection mid-install and started over. Killed peers
-# are noticed at once (RST); Raft liveness does not depend on this timeout.
+# one (> ELECTION_MAX) instead of accepting doomed proposals for 30 s (default).
+CONNECTION_TIMEOUT = 10.0  # a follower restoring a 1M-message snapshot is busy for ~3 s; with
+# 3.5 s (default) the leader cut the connection mid-install and started over. Killed peers are
+# noticed at once (RST) and Raft liveness does not depend on this timeout.
 RECONNECT = 0.3  # a restarted peer is reconnected within 0.3 s instead of 5 s (default).
-SOCKET_BUFFER = 4 << 20  # 64 KiB (default) filled with three 10 KiB entries in flight.
+SOCKET_BUFFER = 4 << 20  # 64 KiB (default) needs many writable rounds for one 1 MB batch.
 MAX_ENTRY_BYTES = 4 << 20  # a proposal larger than this is refused (EntryTooLarge)
 APPEND_BATCH_BYTES = 8 << 20  # > MAX_ENTRY_BYTES: an entry never takes pysyncobj's chunked path
-COMPACTION_ENTRIES = 10_000  # entries are kept in RAM: 10k batches of 100 x 100 B ~ 100 MB
+COMPACTION_ENTRIES = 10_000  # entries stay in RAM until compacted: 10k batches of 100 x 100 B
+# are ~100 MB. A compaction is cheap for the Raft thread (forked writer: 1M messages, 3-6 s in
+# the child, longest tick < 0.3 s), so it can run often.
 COMPACTION_SECONDS = 300.0
 QUEUE_MAX = 4096  # proposals waiting for the tick thread (each is a batch); beyond: QueueFull
-PICKLE_PROTOCOL = 4  # pysyncobj uses 2, which encodes bytes as latin-1 text: ~3x slower
-WIRE_ZLIB_LEVEL = 0  # pysyncobj compresses every message at level 3; payloads are opaque
-# bytes and the link is local or LAN: stored (level 0) blocks cost almost nothing.
+PICKLE_PROTOCOL = 4  # a 10 KB append: protocol 2 (pysyncobj's) 124/105 us to dump/load and
+# 15 KB on the wire (bytes become latin-1 text); protocol 4: 3.3/3.8 us and 10 KB.
+WIRE_ZLIB_LEVEL = 0  # the receiver always inflates, but payloads are opaque and mostly
+# incompressible: level 3 (pysyncobj's) cost 36 us per 10 KB idle, level 0 27 us.
 
 _LEADER, _FOLLOWER, _CANDIDATE = 2, 0, 1
 _ROLES = {_LEADER: "leader", _FOLLOWER: "follower", _CANDIDATE: "candidate"}
