@@ -468,3 +468,20 @@ async def test_stream_route_delivers_and_settles_over_websocket(
         await ws.send_json({"id": 1, "op": "ack", "receipts": [d["receipt"]]})
         res = await asyncio.wait_for(ws.receive_json(), 5)
         assert res == {"type": "result", "id": 1, "result": {"acked": 1, "errors": []}}
+
+
+async def test_many_long_polls_one_message_exactly_one_gets_it(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    _, client = node
+    topic, other = await make_topic(client), await make_topic(client)
+    recv = f"/topics/{topic}/groups/default/receive"
+    polls = [asyncio.ensure_future(post(client, recv, {"wait": 1.5})) for _ in range(20)]
+    idle = asyncio.ensure_future(
+        post(client, f"/topics/{other}/groups/default/receive", {"wait": 1})
+    )
+    await asyncio.sleep(0.2)
+    await post(client, f"/topics/{topic}/messages", {"payload": b64(b"one")})
+    results = await asyncio.wait_for(asyncio.gather(*polls), 10)
+    assert sum(len(r["deliveries"]) for r in results) == 1
+    assert (await idle)["deliveries"] == []

@@ -157,6 +157,9 @@ class Api:
         # consumer id -> number of open connections holding it (long polls, streams)
         self.held_consumers: dict[str, int] = {}
         self.started = time.monotonic()
+        # long polls waiting for something deliverable, per (topic, group)
+        self._waiters: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
+        self._check_scheduled = False
         self.stream_resource: web.AbstractResource | None = None
         self.receive_resource: web.AbstractResource | None = None
 
@@ -172,6 +175,10 @@ class Api:
     def _notify(self) -> None:
         ev, self._applied = self._applied, asyncio.Event()
         ev.set()
+        if self._waiters and not self._check_scheduled:
+            # coalesce: one check of all waiting groups per turn of the loop
+            self._check_scheduled = True
+            asyncio.get_running_loop().call_soon(self._check_waiters)
 
     async def _wait_applied(self, timeout: float) -> None:
         """Wait until the next applied entry (or shutdown) for at most ``timeout`` seconds."""
@@ -269,6 +276,7 @@ class Api:
     async def on_shutdown(self, app: web.Application) -> None:
         # Runs before aiohttp waits for in-flight handlers: make long polls answer now.
         self.draining.set()
+        self._wake_all_waiters()
 
     async def _ticker(self) -> None:
         """Leader only: propose a ``tick`` when the earliest deadline / delay / retention is due.
@@ -655,19 +663,48 @@ class Api:
                 raise
 
     async def _wait_deliverable(self, topic: str, group: str, deadline: float) -> bool:
-        """Wait until the group may have something to deliver; False when time is up."""
+        """Wait until the group may have something to deliver; False when time is up.
+
+        Waiters register per (topic, group); after each applied entry one read checks every
+        group somebody waits on and wakes only those waiters (``_check_waiters``)."""
         loop = asyncio.get_running_loop()
+        key = (topic, group)
         while not self.draining.is_set():
-            ev = self._applied
             if self.raft.read(lambda b: _maybe_ready(b, topic, group)):
                 return True
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            if ev.is_set():
-                continue
-            await self._wait_applied(remaining)
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.setdefault(key, set()).add(fut)
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except TimeoutError:
+                return False
+            finally:
+                waiting = self._waiters.get(key)
+                if waiting is not None:
+                    waiting.discard(fut)
+                    if not waiting:
+                        del self._waiters[key]
         return False
+
+    def _check_waiters(self) -> None:
+        self._check_scheduled = False
+        if not self._waiters:
+            return
+        keys = list(self._waiters)
+        ready = self.raft.read(lambda b: [k for k in keys if _maybe_ready(b, *k)])
+        for key in ready:
+            for fut in self._waiters.pop(key, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _wake_all_waiters(self) -> None:
+        for futs in self._waiters.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result(None)
 
     async def _settle(self, request: web.Request, op: str, extra: dict[str, str]) -> web.Response:
         allowed = {"receipts": LIST, **extra}
