@@ -1041,3 +1041,19 @@ def test_queries_with_a_bad_name_raise_broker_errors(h: Harness, name: Any) -> N
         h.b.group_stats("t", name)
     with pytest.raises(E.InvalidName):
         h.b.peek(name)
+
+
+def test_acked_deliveries_do_not_accumulate_deadline_entries(h: Harness) -> None:
+    h.topic("t")
+    for i in range(10_000):
+        h.publish("t", b"x")
+        (d,) = h.receive(max=1)
+        if i % 10:
+            h("ack", receipts=[d["receipt"]])
+        else:
+            h("extend", receipts=[d["receipt"]], seconds=100)  # stays in flight
+    assert h.gstats()["in_flight"] == 1000
+    assert len(h.b._deadlines) <= 2 * 1000 + 4096 + 1
+    h.advance(100)
+    h("tick")
+    assert (h.gstats()["in_flight"], h.gstats()["timed_out_total"]) == (0, 1000)

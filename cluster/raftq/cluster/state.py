@@ -49,6 +49,7 @@ DEFAULT_GROUP = "default"
 DLQ_PREFIX = "x-raftq-dlq-"
 REDRIVE_HEADER = "x-raftq-redrives"
 MAX_RECEIPT_LEN = 600
+COMPACT_SLACK = 4096  # stale deadline entries tolerated beyond twice the live ones
 
 # A retained message: (payload, published_at_ms, headers or None).
 Msg = tuple[bytes, int, dict[str, str] | None]
@@ -220,6 +221,7 @@ class Broker:
         # (deadline, topic, group, seqs) and (due, topic, group, seqs); one entry per receive
         # batch, stale entries skipped when they fire (lazy deletion).
         self._deadlines: list[tuple[int, str, str, tuple[int, ...]]] = []
+        self._deadlines_limit = COMPACT_SLACK
         self._delays: list[tuple[int, str, str, tuple[int, ...]]] = []
         # consumer -> {(topic, group): None}, to release a consumer's deliveries at once.
         self._consumers: dict[str, dict[tuple[str, str], None]] = {}
@@ -678,6 +680,8 @@ class Broker:
             self._consumers.setdefault(consumer, {})[(t.name, g.name)] = None
         prefix = f"{t.name}:{g.name}:"
         heapq.heappush(self._deadlines, (deadline, t.name, g.name, tuple(seqs)))
+        if len(self._deadlines) > self._deadlines_limit:
+            self._compact_deadlines()
         for seq in seqs:
             attempt = held[seq] + 1
             held[seq] = attempt
@@ -765,6 +769,21 @@ class Broker:
             done += 1
         return {"nacked": done, "dead_lettered": dead, "errors": errors}
 
+    def _compact_deadlines(self) -> None:
+        """Acks leave their deadline entries behind (lazy deletion); once those outnumber the
+        live ones, rebuild the heap from what is in flight. Amortized O(1) per delivery; the
+        layout never reaches state (what fires is sorted), so replicas may compact at
+        different times."""
+        live: list[tuple[int, str, str, tuple[int, ...]]] = [
+            (entry[2], t.name, g.name, (seq,))
+            for t in self.topics.values()
+            for g in t.groups.values()
+            for seq, entry in g.inflight.items()
+        ]
+        heapq.heapify(live)
+        self._deadlines = live
+        self._deadlines_limit = 2 * len(live) + COMPACT_SLACK
+
     def _op_extend(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
         secs = cmd.get("seconds")
         ext = v.seconds_ms(secs, "seconds", 0.001, v.MAX_TIMEOUT_S)
@@ -780,6 +799,8 @@ class Broker:
             g.inflight[seq][2] = deadline
             heapq.heappush(self._deadlines, (deadline, t.name, g.name, (seq,)))
             done += 1
+        if len(self._deadlines) > self._deadlines_limit:
+            self._compact_deadlines()
         return {"extended": done, "deadline": deadline, "errors": errors}
 
     def _op_term(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -1111,6 +1132,7 @@ class Broker:
             self.topics[name] = t
         heapq.heapify(self._deadlines)
         heapq.heapify(self._delays)
+        self._deadlines_limit = 2 * len(self._deadlines) + COMPACT_SLACK
 
 
 def _group_config_out(g: Group) -> dict[str, Any]:
