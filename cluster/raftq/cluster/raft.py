@@ -462,6 +462,7 @@ class RaftNode:
             "stale_acks_ignored": 0,
             "rearmed_sends": 0,
             "syncs": 0,
+            "sync_us": 0,
             "max_tick_ms": 0,
             "snapshots": 0,
             "last_snapshot_ms": 0,
@@ -640,8 +641,7 @@ class RaftNode:
         journal = self._journal
         assert journal is not None
         if journal.dirty:
-            journal.sync()
-            self.stats["syncs"] += 1
+            self._sync(journal)
         self._bound_reads()
         if self._acks:
             acks, self._acks = self._acks, []
@@ -660,6 +660,12 @@ class RaftNode:
             if not getattr(conn, "_raftq_bounded", False):
                 conn._raftq_bounded = True
                 conn._TcpConnection__tryReadBuffer = functools.partial(_read_once, conn)
+
+    def _sync(self, journal: Journal) -> None:
+        t0 = time.perf_counter()
+        journal.sync()
+        self.stats["syncs"] += 1
+        self.stats["sync_us"] += int((time.perf_counter() - t0) * 1e6)
 
     def _deliver_all(self) -> None:
         if not self._done:
@@ -705,8 +711,7 @@ class RaftNode:
             # Send now (pysyncobj would wait for the next heartbeat), then sync while the
             # followers do the same: the leader counts itself at the start of the next tick.
             b._SyncObj__sendAppendEntries()
-            journal.sync()
-            self.stats["syncs"] += 1
+            self._sync(journal)
 
     def _apply(self, data: bytes) -> None:
         b = self._b
