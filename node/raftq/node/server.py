@@ -86,7 +86,11 @@ async def serve(
 ) -> int:
     host, port = split_hostport(opts.listen, "--listen")
     raft = raft_factory(opts)
-    raft.start()
+    try:
+        raft.start()
+    except Exception as e:
+        log.error("node %s: Raft did not start: %s", opts.node_id, e)
+        return 1
     settings = NodeSettings(
         node_id=opts.node_id,
         max_body=opts.max_body,
@@ -102,7 +106,13 @@ async def serve(
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:
+        log.error("node %s: cannot listen on %s: %s", opts.node_id, opts.listen, e.strerror or e)
+        await runner.cleanup()
+        await raft.stop()
+        return 1
     log.info("node %s: API on http://%s, Raft on %s", opts.node_id, opts.listen, opts.raft)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
