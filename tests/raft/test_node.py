@@ -17,6 +17,7 @@ from raftq.cluster.raft import (
     RaftNode,
     UnknownOutcome,
 )
+from raftq.cluster.storage import DiskFile, OsDisk
 from tests.raft.harness import free_ports
 
 
@@ -234,5 +235,54 @@ async def test_a_send_larger_than_the_socket_buffer_is_flushed_without_waiting(
             assert leader.stats["rearmed_sends"] > 0
         else:
             assert took > 0.5  # the bug this guards against is still there without the fix
+    finally:
+        await ns.close()
+
+
+class _FailingFile:
+    def __init__(self, f: DiskFile, armed: list[bool]) -> None:
+        self.f, self.armed = f, armed
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+
+    def truncate(self, size: int) -> None:
+        self.f.truncate(size)
+
+    def sync(self) -> None:
+        if self.armed[0]:
+            raise OSError(5, "Input/output error")
+        self.f.sync()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class _FailingDisk(OsDisk):
+    """fsync starts failing (EIO) once armed."""
+
+    def __init__(self) -> None:
+        self.armed = [False]
+
+    def open_append(self, path: str) -> DiskFile:
+        return _FailingFile(super().open_append(path), self.armed)
+
+
+async def test_a_failed_fsync_stops_the_node_and_never_acknowledges(tmp_path: Path) -> None:
+    ns = Nodes(tmp_path, 1)
+    disk = _FailingDisk()
+    node = RaftNode(ns.config("n1"), disk=disk)
+    node.start()
+    ns.nodes["n1"] = node
+    try:
+        await ns.leader()
+        await node.propose([{"op": "create_topic", "topic": "t"}])
+        disk.armed[0] = True
+        with pytest.raises(UnknownOutcome):
+            await node.propose([pub("t", b"never synced")], timeout=2)
+        st = node.status()
+        assert not st.running and st.error is not None and "journal.log" in st.error
+        with pytest.raises(RaftError, match="stopped"):
+            await node.propose([pub("t", b"refused")])
     finally:
         await ns.close()
