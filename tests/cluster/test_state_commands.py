@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import Harness  # type: ignore[import-not-found]
+from state_harness import Harness  # type: ignore[import-not-found]
 
 from raftq.cluster import errors as E
 from raftq.cluster.state import Broker

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from conftest import check_invariants  # type: ignore[import-not-found]
+from state_harness import check_invariants  # type: ignore[import-not-found]
 
 from raftq.cluster.entry import apply_entry, encode_entry
 from raftq.cluster.state import Broker

@@ -22,10 +22,10 @@ import os
 from typing import Any
 
 import pytest
-from conftest import check_invariants  # type: ignore[import-not-found]
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from state_harness import check_invariants  # type: ignore[import-not-found]
 
 from raftq.cluster import errors as E
 from raftq.cluster.state import Broker

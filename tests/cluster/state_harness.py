@@ -1,0 +1,104 @@
+"""Helpers for the state machine tests: a fake leader, and a check of the internal bookkeeping.
+
+A module with a unique name (not conftest) so that test modules can import it whatever other
+conftest.py files pytest has loaded."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from raftq.cluster.state import Broker
+
+T0 = 1_700_000_000_000  # ms
+
+
+class Harness:
+    """Plays the leader: stamps ``now`` and receive tokens, applies one command at a time."""
+
+    def __init__(self) -> None:
+        self.b = Broker()
+        self.now = T0
+        self._tokens = 0
+
+    def token(self) -> bytes:
+        self._tokens += 1
+        return hashlib.sha256(b"token-%d" % self._tokens).digest()[:16]
+
+    def __call__(self, op: str, **fields: Any) -> dict[str, Any]:
+        cmd: dict[str, Any] = {"op": op, "now": self.now, **fields}
+        if op == "receive" and "token" not in fields:
+            cmd["token"] = self.token()
+        return self.b.apply(cmd)
+
+    def advance(self, seconds: float) -> None:
+        self.now += round(seconds * 1000)
+
+    def topic(self, name: str = "t", **config: Any) -> str:
+        self("create_topic", topic=name, config=config)
+        return name
+
+    def publish(self, topic: str, *payloads: bytes, **extra: Any) -> list[int]:
+        res = self("publish", topic=topic, messages=[{"payload": p, **extra} for p in payloads])
+        return [m["seq"] for m in res["messages"]]
+
+    def receive(
+        self,
+        topic: str = "t",
+        group: str = "default",
+        consumer: str = "c1",
+        max: int = 10,
+        **kw: Any,
+    ) -> list[dict[str, Any]]:
+        res = self("receive", topic=topic, group=group, consumer=consumer, max=max, **kw)
+        deliveries: list[dict[str, Any]] = res["deliveries"]
+        return deliveries
+
+    def gstats(self, topic: str = "t", group: str = "default") -> dict[str, Any]:
+        return self.b.group_stats(topic, group)
+
+
+def check_invariants(b: Broker) -> None:
+    """The broker's internal bookkeeping agrees with itself (see state.py's docstring)."""
+    deadlines = {(d, t, g, s) for d, t, g, seqs in b._deadlines for s in seqs}
+    delays = {(d, t, g, s) for d, t, g, seqs in b._delays for s in seqs}
+    consumers: dict[str, set[tuple[str, str]]] = {}
+    for t in b.topics.values():
+        msgs, refs, base = t.msgs, t.refs, t.first_seq
+        assert len(msgs) == len(refs) and base + len(msgs) == t.next_seq, t.name
+        assert all(m is None for m in msgs[: t.head])
+        assert t.head == len(msgs) or msgs[t.head] is not None
+        live = [m for m in msgs if m is not None]
+        assert t.count == len(live) and t.bytes == sum(len(m[0]) for m in live)
+        for key, (_, exp) in t.dedup.items():
+            assert exp > b.now and (exp, key) in t.dedup_heap
+
+        def unsettled(g: Any, seq: int) -> bool:
+            return seq in g.held or (seq >= g.cursor and seq not in g.skip)
+
+        for i, m in enumerate(msgs):
+            seq = base + i
+            n = sum(unsettled(g, seq) for g in t.groups.values())
+            if m is None:
+                assert n == 0, (t.name, seq)
+            else:
+                assert refs[i] == n, (t.name, seq, refs[i], n)
+        for g in t.groups.values():
+            assert all(g.cursor <= s < t.next_seq for s in g.skip), (t.name, g.name)
+            for s in range(g.cursor, base + t.head):
+                assert s in g.skip or s in g.held, (t.name, g.name, s)
+            assert set(g.inflight) <= set(g.held) and set(g.delayed) <= set(g.held)
+            assert not set(g.inflight) & set(g.delayed)
+            ready = set(g.held) - set(g.inflight) - set(g.delayed)
+            assert ready <= set(g.ready), (t.name, g.name)
+            for s in g.held:
+                assert t.get(s) is not None and (s < g.cursor or s in g.skip)
+            for s, (consumer, _, deadline) in g.inflight.items():
+                assert s in g.by_consumer[consumer]
+                assert (deadline, t.name, g.name, s) in deadlines
+            for s, due in g.delayed.items():
+                assert (due, t.name, g.name, s) in delays
+            for consumer, seqs in g.by_consumer.items():
+                assert seqs and all(g.inflight[s][0] == consumer for s in seqs)
+                consumers.setdefault(consumer, set()).add((t.name, g.name))
+    assert {c: set(p) for c, p in b._consumers.items()} == consumers
