@@ -17,8 +17,10 @@ What it changes in pysyncobj 0.3.17, through its extension points only:
   large state), sealed with a CRC, temp file + fsync + rename + dir fsync; a snapshot that
   fails to load stops the node;
 * leader acks: a stale ``next_node_idx`` no longer rewinds the follower's next index;
-* sends: pickle protocol 4 and no wire compression, and a send that does not fit the socket
-  buffer re-arms write interest so it is flushed when the socket becomes writable;
+* wire: pickle protocol 4, no compression, AES-GCM sealing (``_Sealer``) instead of Fernet; a
+  send that does not fit the socket buffer re-arms write interest so it is flushed as soon as
+  the socket is writable; one recv per poll event (pysyncobj's read loop is quadratic in a
+  burst); snapshot chunks are answered so long transfers do not time out;
 * callbacks: proposals are tracked by (index, term) here, never by pysyncobj callbacks, so
   every one resolves (apply, superseded entry, snapshot install, stop or timeout).
 
