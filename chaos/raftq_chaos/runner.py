@@ -45,6 +45,8 @@ class Report:
     ops: int = 0
     elapsed: float = 0.0
     error: str | None = None
+    events: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    spec: checker.Spec | None = None
 
     @property
     def ok(self) -> bool:
@@ -265,4 +267,5 @@ async def _run(scenario: Scenario, cluster: Cluster, history: History, report: R
         await wl.close()
     report.ops = sum(1 for e in history.events if e["type"] == "invoke")
     spec = checker.Spec(wcfg.topic, wcfg.group, wcfg.dlq_topic, wcfg.max_attempts)
+    report.events, report.spec = history.events, spec
     report.result = checker.check(history.events, spec)
