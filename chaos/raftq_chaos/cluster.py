@@ -9,6 +9,7 @@ Status helpers are async (aiohttp) so they can run beside the workload.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import secrets
@@ -71,6 +72,7 @@ class Cluster:
         for n in self.nodes.values():
             n.data_dir.mkdir(parents=True, exist_ok=True)
         self._session: aiohttp.ClientSession | None = None
+        atexit.register(self.close)  # last resort; close() is idempotent
 
     @property
     def urls(self) -> list[str]:
@@ -150,6 +152,9 @@ class Cluster:
         for nid in self.nodes:
             self._signal(nid, signal.SIGCONT)
             self.kill(nid)
+        self.net.kill_processes()  # anything else started in the namespaces
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.close)
 
     def tail(self, nid: str, lines: int = 30) -> str:
         try:

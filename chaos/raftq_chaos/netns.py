@@ -14,12 +14,20 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
+import os
 import random
 import secrets
+import signal
 import subprocess
+import tempfile
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 SUBNET_PREFIX = "10.77"
+# One small JSON file per live run (owner pid, what it made), so a run killed before its
+# cleanup (SIGKILL, power cut) is swept by the next one.
+REGISTRY = Path(tempfile.gettempdir()) / "raftq-chaos-nets"
 
 
 class NetError(RuntimeError):
@@ -63,6 +71,8 @@ class Net:
     # ------------------------------------------------------------------ lifecycle
 
     def up(self) -> Net:
+        sweep()
+        self._register()
         atexit.register(self.close)
         try:
             self._up()
@@ -70,6 +80,19 @@ class Net:
             self.close()
             raise
         return self
+
+    def _register(self) -> None:
+        """Record what this run is about to make, before making it."""
+        REGISTRY.mkdir(exist_ok=True)
+        rule = ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"]
+        rule += ["-m", "comment", "--comment", f"raftq-chaos-{self.name}"]
+        state = {
+            "pid": os.getpid(),
+            "ns": list(self.ns.values()),
+            "links": [self.bridge, *self._veth.values()],
+            "rule": rule,
+        }
+        (REGISTRY / f"{self.name}.json").write_text(json.dumps(state))
 
     def _up(self) -> None:
         sh("ip", "link", "add", self.bridge, "type", "bridge")
@@ -120,9 +143,16 @@ class Net:
         self._made_ns.clear()
         self._made_links.clear()
         self._closed = True
+        with contextlib.suppress(OSError):
+            (REGISTRY / f"{self.name}.json").unlink()
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
         return errors
+
+    def kill_processes(self) -> None:
+        """SIGKILL whatever still runs inside this run's namespaces."""
+        for ns in self._made_ns:
+            _kill_ns_processes(ns)
 
     def leftovers(self) -> list[str]:
         """Anything named after this run that still exists (for tests of the cleanup)."""
@@ -180,3 +210,44 @@ class Net:
             self.exec(nid, "iptables", "-F", "INPUT")
             self.exec(nid, "iptables", "-F", "OUTPUT")
         self.cuts.clear()
+
+
+def _kill_ns_processes(ns: str) -> None:
+    for pid in sh("ip", "netns", "pids", ns, check=False).split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep() -> list[str]:
+    """Remove what runs whose process is gone left behind; returns the run names swept."""
+    swept: list[str] = []
+    if not REGISTRY.is_dir():
+        return swept
+    for f in REGISTRY.glob("*.json"):
+        try:
+            state = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(int(state.get("pid", 0))):
+            continue
+        for ns in state.get("ns", []):
+            _kill_ns_processes(ns)
+            sh("ip", "netns", "del", ns, check=False)
+        for link in state.get("links", []):
+            sh("ip", "link", "del", link, check=False)
+        if state.get("rule"):
+            sh("iptables", "-D", *state["rule"], check=False)
+        with contextlib.suppress(OSError):
+            f.unlink()
+        swept.append(f.stem)
+    return swept

@@ -8,10 +8,11 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from raftq_chaos.netns import Net
+from raftq_chaos.netns import Net, sweep
 
 pytestmark = [
     pytest.mark.slow,
@@ -91,3 +92,33 @@ def test_namespaces_cannot_reach_outside(net: Net) -> None:
     res = subprocess.run(net.exec_argv("n1", sys.executable, "-c", code), capture_output=True)
     assert res.returncode != 0
     assert b"unreachable" in res.stderr
+
+
+def test_a_run_killed_before_cleanup_is_swept_by_the_next() -> None:
+    chaos_root = Path(__file__).resolve().parents[2] / "chaos"
+    code = (
+        f"import sys, time; sys.path.insert(0, {str(chaos_root)!r})\n"
+        "from raftq_chaos.netns import Net\n"
+        "n = Net(['n1', 'n2']).up()\n"
+        "print(n.name, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        name = proc.stdout.readline().decode().strip()
+        assert name.startswith("rq")
+        assert any(ns.startswith(name) for ns in subprocess_out("ip", "netns", "list").split())
+    finally:
+        proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert name in sweep()
+    assert not any(ns.startswith(name) for ns in subprocess_out("ip", "netns", "list").split())
+    assert name not in subprocess_out("ip", "-o", "link", "show")
+    assert name not in subprocess_out("iptables", "-S", "FORWARD")
+
+
+def subprocess_out(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
