@@ -802,12 +802,27 @@ def test_command_without_integer_now_is_rejected(h: Harness) -> None:
         assert ei.value.field == "now"  # type: ignore[attr-defined]
 
 
-def test_next_due_names_the_earliest_deadline(h: Harness) -> None:
-    h.topic("t", dedup_window=0)
-    h.publish("t", b"x")
+def test_next_due_names_the_earliest_deadline_delay_or_retention(h: Harness) -> None:
+    h.topic("t")
+    h.publish("t", b"x", key="k")  # dedup expiry needs no tick
     assert h.b.next_due() is None
     h.receive(visibility=7)
     assert h.b.next_due() == h.now + 7000
+    h("publish", topic="t", messages=[{"payload": b"y", "delay": 3}])
+    assert h.b.next_due() == h.now + 3000
+    h("update_topic", topic="t", config={"max_age": 2})
+    assert h.b.next_due() == h.now + 2000
+
+
+def test_next_due_ignores_deadlines_of_settled_deliveries(h: Harness) -> None:
+    h.topic("t")
+    h.publish("t", b"x", b"y")
+    (d1,) = h.receive(max=1, visibility=5)
+    (d2,) = h.receive(max=1, visibility=9)
+    h("ack", receipts=[d1["receipt"]])
+    assert h.b.next_due() == h.now + 9000
+    h("ack", receipts=[d2["receipt"]])
+    assert h.b.next_due() is None
 
 
 # ---------------------------------------------------------------- retention, purge, redrive

@@ -452,6 +452,10 @@ class BrokerMachine(RuleBasedStateMachine):
                 == published
             )
         check_invariants(self.b)
+        snap = self.b.snapshot()
+        due = self.b.next_due()  # a hint that never changes the state, always in the future
+        assert due is None or due > m.now
+        assert self.b.snapshot() == snap
         if m.dlq:
             # dead letters: exactly the failed attempts past max_attempts and the terms
             got = [

@@ -293,6 +293,17 @@ class Broker:
             if t.dedup_heap or t.config["max_age"] is not None:
                 self._expire(t, now)
 
+    def _live(self, item: tuple[int, str, str, tuple[int, ...]], deadline: bool) -> bool:
+        when, tname, gname, seqs = item
+        t = self.topics.get(tname)
+        g = t.groups.get(gname) if t else None
+        if g is None:
+            return False
+        if deadline:
+            inflight = g.inflight
+            return any((e := inflight.get(s)) is not None and e[2] == when for s in seqs)
+        return any(g.delayed.get(s) == when for s in seqs)
+
     def _expire(self, t: Topic, now: int) -> None:
         q = t.dedup_heap
         while q and q[0][0] <= now:
@@ -312,15 +323,21 @@ class Broker:
                 self._remove(t, seq)
 
     def next_due(self) -> int | None:
-        """Earliest time (ms) at which a tick would change something; a hint for the leader."""
+        """Earliest time (ms) at which a tick would change something; a hint for the leader.
+
+        Drops the stale entries it finds at the top of the heaps (acked deliveries), so that
+        the leader does not propose ticks that change nothing; the heaps' layout never reaches
+        the state. Dedup expiry needs no tick: publish fires it first."""
         cands = []
-        if self._deadlines:
-            cands.append(self._deadlines[0][0])
-        if self._delays:
-            cands.append(self._delays[0][0])
-        for t in self.topics.values():
-            if t.dedup_heap:
-                cands.append(t.dedup_heap[0][0])
+        dl, dq = self._deadlines, self._delays
+        while dl and not self._live(dl[0], True):
+            heapq.heappop(dl)
+        if dl:
+            cands.append(dl[0][0])
+        while dq and not self._live(dq[0], False):
+            heapq.heappop(dq)
+        if dq:
+            cands.append(dq[0][0])
         for t in self.topics.values():
             if t.config["max_age"] is not None and t.count:
                 m = t.get(t.oldest_seq())
