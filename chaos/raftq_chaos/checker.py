@@ -96,6 +96,14 @@ class _Delivery:
 
 
 @dataclass
+class _Pub:
+    status: str
+    invoke: int
+    done: int | None
+    seq: int | None
+
+
+@dataclass
 class _Settle:
     f: str
     type: str
@@ -110,7 +118,7 @@ def _status(done: dict[str, Any] | None) -> str:
 
 def check(events: list[dict[str, Any]], spec: Spec) -> Result:
     counts: Counter[str] = Counter()
-    published: dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]] = {}
+    published: dict[str, _Pub] = {}
     deliveries: dict[str, list[_Delivery]] = defaultdict(list)
     dead: dict[str, list[_Delivery]] = defaultdict(list)
     settles: dict[str, list[_Settle]] = defaultdict(list)  # by receipt
@@ -122,8 +130,17 @@ def check(events: list[dict[str, Any]], spec: Spec) -> Result:
         if f == "publish":
             if value.get("topic") != spec.topic:
                 continue
-            counts[f"publish-{status}"] += 1
-            published[value["value"]] = (status, inv, done)
+            # one message, or a batch: "values" in, "seqs" out
+            values = value["values"] if "values" in value else [value["value"]]
+            seqs: list[int | None] = [None] * len(values)
+            if status == OK:
+                assert done is not None
+                out = done["value"]
+                seqs = out["seqs"] if "values" in value else [out.get("seq")]
+            done_at = None if done is None else done["index"]
+            for v, seq in zip(values, seqs, strict=True):
+                counts[f"publish-{status}"] += 1
+                published[v] = _Pub(status, inv["index"], done_at, seq)
         elif f == "receive":
             consumer = str(value.get("consumer"))
             if status != OK:
@@ -179,25 +196,23 @@ def check(events: list[dict[str, Any]], spec: Spec) -> Result:
         if pub is None:
             anomalies.append(Anomaly(UNEXPECTED, value, "delivered but never published", evs))
             continue
-        status, inv, done = pub
-        if status == FAIL:
+        if pub.status == FAIL:
             anomalies.append(
                 Anomaly(
-                    UNEXPECTED, value, "delivered although its publish failed", [inv["index"], *evs]
+                    UNEXPECTED, value, "delivered although its publish failed", [pub.invoke, *evs]
                 )
             )
-        elif status == INFO:
+        elif pub.status == INFO:
             recovered.append(value)
-        elif status == OK and done is not None and deliveries.get(value):
-            seq = done["value"].get("seq")
-            wrong = [d for d in deliveries[value] if seq is not None and d.seq != seq]
+        elif pub.status == OK and pub.seq is not None and deliveries.get(value):
+            wrong = [d for d in deliveries[value] if d.seq != pub.seq]
             if wrong:
                 anomalies.append(
                     Anomaly(
                         UNEXPECTED,
                         value,
-                        f"publish returned seq {seq}, delivered as seq {wrong[0].seq}",
-                        [done["index"], wrong[0].index],
+                        f"publish returned seq {pub.seq}, delivered as seq {wrong[0].seq}",
+                        [pub.done or 0, wrong[0].index],
                     )
                 )
 
@@ -207,13 +222,13 @@ def check(events: list[dict[str, Any]], spec: Spec) -> Result:
             if any(s.f == "ack" and s.type == OK for s in settles.get(d.receipt, [])):
                 acked_ok.add(value)
         ds.sort(key=lambda d: (d.attempt, d.index))
-        seqs = sorted({d.seq for d in ds})
-        if len(seqs) > 1:
+        stored = sorted({d.seq for d in ds})
+        if len(stored) > 1:
             anomalies.append(
                 Anomaly(
                     ILLEGAL_DUPLICATE,
                     value,
-                    f"stored twice, as seqs {seqs} (idempotent publish failed)",
+                    f"stored twice, as seqs {stored} (idempotent publish failed)",
                     [d.index for d in ds],
                 )
             )
@@ -283,15 +298,15 @@ def check(events: list[dict[str, Any]], spec: Spec) -> Result:
         counts["dead-lettered"] += len(mine)
 
     # lost
-    for value, (status, _inv, done) in sorted(published.items()):
-        if status != OK:
+    for value, pub in sorted(published.items()):
+        if pub.status != OK:
             continue
-        assert done is not None
+        done_at = pub.done or 0
         ds = deliveries.get(value, [])
         in_dlq = value in dead
         if not ds and not in_dlq:
             anomalies.append(
-                Anomaly(LOST, value, "acknowledged publish never delivered", [done["index"]])
+                Anomaly(LOST, value, "acknowledged publish never delivered", [done_at])
             )
         elif value.startswith(spec.poison_prefix) and not in_dlq:
             anomalies.append(
@@ -299,7 +314,7 @@ def check(events: list[dict[str, Any]], spec: Spec) -> Result:
                     LOST,
                     value,
                     "poison message (always nacked) never reached the dead-letter topic",
-                    [done["index"], *[d.index for d in ds]],
+                    [done_at, *[d.index for d in ds]],
                 )
             )
         elif ds and not in_dlq:
@@ -312,7 +327,7 @@ def check(events: list[dict[str, Any]], spec: Spec) -> Result:
                         value,
                         f"last delivery (attempt {last.attempt}) never settled, yet never "
                         "redelivered nor dead-lettered",
-                        [done["index"], last.index],
+                        [done_at, last.index],
                     )
                 )
 

@@ -4,12 +4,13 @@
 - producers publish ``p<i>-<n>`` (unique, increasing per producer); the client retries each
   publish under one idempotency key until its timeout; an unclear end is ``info`` and the
   producer continues as a new process with the next value (a value is never published twice);
+- a batch producer publishes ``b-<n>`` values 1-8 at a time in one request;
 - the poison producer publishes ``poison-<n>``; every consumer nacks those, so they must reach
   the dead-letter topic after ``max_attempts`` deliveries;
 - consumers receive with a fixed visibility (so the checker can read server time off each
   deadline) and ack; the "nacker" nacks some and terms a few, the "crasher" sometimes drops
   the rest of a batch without settling it (a simulated crash: new consumer id, leases left to
-  expire);
+  expire); the "acker" sometimes extends a lease first, or acks only after it ran out;
 - a dead-letter consumer acks what reaches the dead-letter topic;
 - ``drain`` (after healing) receives and acks (poison: nacks) until both groups are empty.
 
@@ -44,6 +45,9 @@ class WorkloadConfig:
     client_timeout: float = 6.0
     nack_rate: float = 0.2
     term_rate: float = 0.03
+    extend_rate: float = 0.05
+    slow_rate: float = 0.01
+    batch_interval: float = 0.1
     drop_rate: float = 0.08
     seed: int = 0
 
@@ -135,6 +139,31 @@ class Workload:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), interval)
 
+    async def batch_producer(self, name: str, interval: float) -> None:
+        """Publishes batches of 1-8 values in one request (one ``publish`` op with ``values``)."""
+        c = self.client()
+        h = self.history
+        proc = h.new_process()
+        rng = random.Random(f"{self.cfg.seed}-{name}")
+        n = 0
+        while not self.stop.is_set():
+            values = [f"{name}-{n + j + 1}" for j in range(rng.randint(1, 8))]
+            n += len(values)
+            op = h.invoke(proc, "publish", {"topic": self.cfg.topic, "values": values})
+            try:
+                seqs = await c.publish_batch(self.cfg.topic, [v.encode() for v in values])
+            except Exception as e:
+                kind = _outcome(e)
+                h.complete(op, kind, error=_err(e))
+                self._count(f"publish-{kind}")
+                if kind == "info":
+                    proc = h.new_process()
+            else:
+                h.ok(op, {"topic": self.cfg.topic, "values": values, "seqs": seqs})
+                self._count("publish-ok")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), interval)
+
     # ------------------------------------------------------------------ consumers
 
     async def _receive(
@@ -200,6 +229,21 @@ class Workload:
         self._count(f"{f}-ok")
         return proc
 
+    async def _extend(self, c: AsyncClient, proc: int, m: AsyncMessage, seconds: float) -> int:
+        h = self.history
+        v = {"topic": self.cfg.topic, "receipt": m.receipt, "value": m.payload.decode()}
+        op = h.invoke(proc, "extend", {**v, "seconds": seconds})
+        try:
+            res = await c.extend([m.receipt], seconds)
+        except Exception as e:
+            kind = _outcome(e)
+            h.complete(op, kind, error=_err(e))
+            self._count(f"extend-{kind}")
+            return h.new_process() if kind == "info" else proc
+        h.ok(op, {**v, "seconds": seconds, "deadline": res["deadline"]})
+        self._count("extend-ok")
+        return proc
+
     def _new_consumer(self, name: str) -> str:
         return f"{name}-{secrets.token_hex(3)}"
 
@@ -225,6 +269,11 @@ class Workload:
                     self._count("dropped")
                     cid = self._new_consumer(name)
                     break
+                if style == "acker" and rng.random() < self.cfg.extend_rate:
+                    proc = await self._extend(c, proc, m, self.cfg.visibility)
+                if style == "acker" and rng.random() < self.cfg.slow_rate:
+                    self._count("slow")
+                    await asyncio.sleep(self.cfg.visibility + 0.2)  # acks after the lease
                 roll = rng.random() if style == "nacker" else 1.0
                 if value.startswith("poison") or roll < self.cfg.nack_rate:
                     f = "nack"
@@ -254,6 +303,7 @@ class Workload:
             asyncio.create_task(self.producer(f"p{i}", cfg.publish_interval))
             for i in range(cfg.producers)
         ]
+        out.append(asyncio.create_task(self.batch_producer("b", cfg.batch_interval)))
         out.append(asyncio.create_task(self.producer("poison", cfg.poison_interval)))
         out += [
             asyncio.create_task(self.consumer(f"c{i}", styles[i % len(styles)]))

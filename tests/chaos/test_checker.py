@@ -350,3 +350,17 @@ def test_history_round_trips_through_jsonl(tmp_path: Any) -> None:
     assert [e["type"] for e in events] == ["invoke", "info", "info"]
     res = checker.check(events, SPEC)
     assert res.valid and res.counts["publish-info"] == 1
+
+
+def test_batch_publish_values_are_checked_one_by_one() -> None:
+    h = H()
+    p = h.h.new_process()
+    op = h.h.invoke(p, "publish", {"topic": "work", "values": ["a", "b", "c"]})
+    h.h.ok(op, {"topic": "work", "values": ["a", "b", "c"], "seqs": [0, 1, 2]})
+    ra, rb = h.receive("c1", T0, ("a", 0, 1), ("b", 5, 1))
+    h.settle("ack", ra)
+    h.settle("ack", rb)
+    res = h.check()
+    assert res.counts["publish-ok"] == 3
+    got = sorted((a.kind, a.value) for a in res.anomalies)
+    assert got == [(checker.LOST, "c"), (checker.UNEXPECTED, "b")]
