@@ -714,6 +714,8 @@ class RaftNode:
             # followers do the same: the leader counts itself at the start of the next tick.
             b._SyncObj__sendAppendEntries()
             self._sync(journal)
+            if not b._SyncObj__otherNodes:
+                self._wake()  # a single node commits alone: no ack will end the next poll
 
     def _apply(self, data: bytes) -> None:
         b = self._b
