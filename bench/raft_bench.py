@@ -43,6 +43,10 @@ def main() -> None:
             for name, req in (
                 ("100 x 100 B batches", {"batches": args.batches, "batch": 100, "size": 100}),
                 ("1 x 100 B", {"batches": args.singles, "batch": 1, "size": 100}),
+                (
+                    "1000 x 100 B batches",
+                    {"batches": args.batches // 5, "batch": 1000, "size": 100},
+                ),
             ):
                 root = Path(tmp) / f"{fsync}-{req['batch']}"
                 res, c = run(root, ["--fsync", fsync], req)
