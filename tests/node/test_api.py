@@ -485,3 +485,28 @@ async def test_many_long_polls_one_message_exactly_one_gets_it(
     results = await asyncio.wait_for(asyncio.gather(*polls), 10)
     assert sum(len(r["deliveries"]) for r in results) == 1
     assert (await idle)["deliveries"] == []
+
+
+async def test_shutdown_ends_open_streams_and_releases_their_deliveries() -> None:
+    raft = LocalRaft()
+    server = TestServer(build_app(raft))
+    await server.start_server()
+    async with aiohttp.ClientSession(str(server.make_url(""))) as session:
+        topic = name()
+        await session.post("/topics", json={"topic": topic})
+        await session.post(f"/topics/{topic}/messages", json={"payload": b64(b"s")})
+        ws = await session.ws_connect(
+            f"/topics/{topic}/groups/default/stream?format=json&prefetch=1"
+        )
+        assert (await asyncio.wait_for(ws.receive_json(), 5))["type"] == "delivery"
+
+        async def read_until_closed() -> None:
+            async for _ in ws:
+                pass
+
+        reader = asyncio.ensure_future(read_until_closed())
+        t0 = time.monotonic()
+        await server.close()
+        assert time.monotonic() - t0 < 5
+        await asyncio.wait_for(reader, 5)
+    assert raft.read(lambda b: b.group_stats(topic, "default")["in_flight"]) == 0

@@ -38,6 +38,7 @@ log = logging.getLogger("raftq.node")
 FORWARDED = "X-Raftq-Forwarded"
 LEADER_HEADER = "X-Raftq-Leader"
 MAX_WAIT_S = 20.0
+STREAM_GRACE_S = 1.0
 # Served by every node from its own state; everything else is the leader's business.
 LOCAL_PATHS = frozenset(["/cluster", "/healthz", "/readyz", "/metrics", "/openapi.json"])
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -160,6 +161,7 @@ class Api:
         # long polls waiting for something deliverable, per (topic, group)
         self._waiters: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
         self._check_scheduled = False
+        self._streams: set[asyncio.Task[Any]] = set()
         self.stream_resource: web.AbstractResource | None = None
         self.receive_resource: web.AbstractResource | None = None
 
@@ -277,6 +279,20 @@ class Api:
         # Runs before aiohttp waits for in-flight handlers: make long polls answer now.
         self.draining.set()
         self._wake_all_waiters()
+        # Streams notice draining at their next turn; one still blocked after a grace period
+        # is cancelled (its cleanup still releases its consumer), so shutdown stays bounded.
+        if self._streams:
+            asyncio.get_running_loop().call_later(STREAM_GRACE_S, self._cancel_streams)
+
+    def _cancel_streams(self) -> None:
+        if not self._streams:
+            return
+        # Give back what the still-open streams hold first: a cancelled handler's own cleanup
+        # may itself be cut short.
+        for consumer in list(self.held_consumers):
+            self.spawn(self.release(consumer))
+        for task in list(self._streams):
+            task.cancel()
 
     async def _ticker(self) -> None:
         """Leader only: propose a ``tick`` when the earliest deadline / delay / retention is due.
@@ -799,7 +815,13 @@ class Api:
         from raftq.node.stream import stream
 
         topic, group = self._tg(request)
-        return await stream(self, request, topic, group)
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams.add(task)
+        try:
+            return await stream(self, request, topic, group)
+        finally:
+            self._streams.discard(task)
 
     async def openapi(self, request: web.Request) -> web.StreamResponse:
         from raftq.node.openapi import document
