@@ -439,6 +439,7 @@ async def test_openapi_and_metrics_are_served(node: tuple[LocalRaft, Client]) ->
     assert f'raftq_topic_published_total{{topic="{topic}"}} 1.0' in text
     assert f'raftq_group_backlog{{group="default",topic="{topic}"}} 1.0' in text
     assert "raftq_batch_commands_bucket" in text and "raftq_raft_term 1.0" in text
+    assert "raftq_long_polls_waiting 0.0" in text and "raftq_consumers_held 0.0" in text
 
 
 async def test_cluster_endpoint_describes_the_node(node: tuple[LocalRaft, Client]) -> None:

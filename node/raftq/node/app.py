@@ -162,6 +162,16 @@ class Api:
         self._waiters: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
         self._check_scheduled = False
         self._streams: set[asyncio.Task[Any]] = set()
+        self.metrics.gauge(
+            "raftq_long_polls_waiting",
+            "receive requests waiting for a deliverable message",
+            lambda: sum(len(w) for w in self._waiters.values()),
+        )
+        self.metrics.gauge(
+            "raftq_consumers_held",
+            "consumer ids held by open connections (long polls, streams)",
+            lambda: len(self.held_consumers),
+        )
         self.stream_resource: web.AbstractResource | None = None
         self.receive_resource: web.AbstractResource | None = None
 

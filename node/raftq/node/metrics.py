@@ -7,10 +7,10 @@ figures (HTTP latency, group-commit batch sizes, propose latency) are this proce
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -127,6 +127,9 @@ class NodeMetrics:
         self.proxied = Counter(
             "raftq_proxied_requests", "requests forwarded to the leader", registry=self.registry
         )
+
+    def gauge(self, name: str, doc: str, fn: Callable[[], float]) -> None:
+        Gauge(name, doc, registry=self.registry).set_function(fn)
 
     def on_batch(self, n: int, seconds: float) -> None:
         self.batch_size.observe(n)
