@@ -158,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_node_parser(sub)
     add_cluster_parser(sub)
     try:
+        from raftq.node.bench import add_bench_parser
+    except ImportError:
+        pass
+    else:
+        add_bench_parser(sub)
+    try:
         from raftq.client.cli import register  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         pass
