@@ -294,3 +294,40 @@ def test_sigterm_on_a_follower_ends_its_long_polls_at_once(cluster3: Cluster) ->
     # and nothing was left in flight for the stopped node's consumer
     lid = c.wait_leader()
     assert call(c, lid, "GET", f"/topics/{topic}/groups/default")["in_flight"] == 0
+
+
+def test_without_a_quorum_answers_are_definite_and_a_keyed_retry_stores_once(
+    cluster3: Cluster,
+) -> None:
+    c = cluster3
+    lid = c.wait_leader()
+    topic = uniq()
+    call(c, lid, "POST", "/topics", {"topic": topic}, 201)
+    followers = c.followers()
+    for f in followers:
+        c.kill(f)
+    body = {"payload": b64(b"once"), "key": "only-once"}
+    code, err = http("POST", c.url(lid) + f"/topics/{topic}/messages", body, 30)
+    assert (code, err["code"]) in (
+        (504, "outcome_unknown"),
+        (503, "no_leader"),
+        (503, "overloaded"),
+    )
+
+    def refused() -> bool:
+        code, _ = http("GET", c.url(lid) + "/readyz")
+        return code == 503
+
+    wait_for("the lone node to notice it has no quorum", refused, 15)
+    code, err = http("POST", c.url(lid) + f"/topics/{topic}/messages", body, 30)
+    assert code == 503 and err["code"] == "no_leader"
+
+    c.start_node(followers[0])
+    new = c.wait_leader()
+    wait_for(
+        "a publish to succeed again",
+        lambda: http("POST", c.url(new) + f"/topics/{topic}/messages", body, 10)[0] == 200,
+        20,
+        every=0.2,
+    )
+    assert call(c, new, "GET", f"/topics/{topic}")["messages"] == 1  # stored exactly once
