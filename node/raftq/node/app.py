@@ -261,9 +261,16 @@ class Api:
                 del self.held_consumers[consumer]
 
     async def release(self, consumer: str) -> None:
+        """Give back a consumer's deliveries now (here, or at the leader if it moved)."""
         try:
             await self.call({"op": "release", "consumer": consumer})
-        except (ApiError, LeaderLost) as e:
+        except LeaderLost:
+            st = self.raft.status()
+            if st.leader_api and st.leader_id != st.node_id and self.session is not None:
+                await self._release_at(st.leader_api, consumer)
+            else:
+                log.warning("release of consumer %s failed: no leader", consumer)
+        except ApiError as e:
             log.warning("release of consumer %s failed: %s", consumer, e)
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
