@@ -286,3 +286,25 @@ async def test_a_failed_fsync_stops_the_node_and_never_acknowledges(tmp_path: Pa
             await node.propose([pub("t", b"refused")])
     finally:
         await ns.close()
+
+
+async def test_pipelined_appends_never_make_followers_rewrite_their_log(
+    three: Nodes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pysyncobj rewound next_index on every ack older than the latest send, re-sent entries
+    and made followers truncate and rewrite them (logging CRITICAL when already applied)."""
+    leader = await three.leader()
+    await leader.propose([{"op": "create_topic", "topic": "t"}])
+    truncations: list[int] = []
+    for n in three.nodes.values():
+        assert n._journal is not None
+        n._journal.on_truncate = truncations.append
+
+    async def worker(k: int) -> None:
+        for i in range(40):
+            await leader.propose([pub("t", b"%d-%d" % (k, i))])
+
+    await asyncio.gather(*(worker(k) for k in range(12)))
+    assert leader.stats["stale_acks_ignored"] > 0  # the situation did arise
+    assert truncations == []
+    assert "truncating already-applied" not in caplog.text
