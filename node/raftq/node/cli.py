@@ -39,9 +39,16 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="Raft host:port [RAFTQ_RAFT] (default 127.0.0.1:9001)",
     )
     p.add_argument(
+        "--advertise",
+        default=_env("ADVERTISE"),
+        help="host:port at which clients and peers reach this node's API, reported as the "
+        "leader's address [RAFTQ_ADVERTISE] (default: --listen)",
+    )
+    p.add_argument(
         "--peers",
         default=_env("PEERS", ""),
-        help="other members: id=raft_host:port/api_host:port,... [RAFTQ_PEERS]",
+        help="members: id=raft_host:port/api_host:port,... (this node's own entry, if any, "
+        "is skipped) [RAFTQ_PEERS]",
     )
     p.add_argument(
         "--data-dir", default=_env("DATA_DIR"), help="journal and snapshots [RAFTQ_DATA_DIR]"
@@ -102,16 +109,19 @@ def _run_node(args: argparse.Namespace) -> int:
     try:
         split_hostport(args.listen, "--listen")
         split_hostport(args.raft, "--raft")
+        if args.advertise:
+            split_hostport(args.advertise, "--advertise")
         peers = parse_peers(args.peers or "")
     except ValueError as e:
         parser.error(str(e))
-    if args.id in peers:
-        parser.error(f"--peers must not contain this node ({args.id})")
+    # One peer list for every member (a StatefulSet template): this node's own entry is skipped.
+    peers.pop(args.id, None)
     _logging(args.log_level)
     opts = NodeOptions(
         node_id=args.id,
         listen=args.listen,
         raft=args.raft,
+        advertise=args.advertise,
         peers=peers,
         data_dir=args.data_dir,
         secret=args.secret,

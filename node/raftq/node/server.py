@@ -28,6 +28,7 @@ class NodeOptions:
     node_id: str
     listen: str  # host:port of the HTTP API
     raft: str  # host:port of Raft
+    advertise: str | None = None  # host:port others reach the API at (default: listen)
     peers: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (raft, api)
     data_dir: str | None = None
     secret: str | None = None
@@ -68,7 +69,7 @@ def make_raft(opts: NodeOptions) -> Raft:
     cfg = RaftConfig(
         node_id=opts.node_id,
         raft_addr=opts.raft,
-        api_addr=opts.listen,
+        api_addr=opts.advertise or opts.listen,
         peers=dict(opts.peers),
         data_dir=opts.data_dir,
         secret=opts.secret,
