@@ -20,6 +20,7 @@ class Harness:
         self.b = Broker()
         self.now = T0
         self._tokens = 0
+        self.check = True  # check the internal bookkeeping after every command
 
     def token(self) -> bytes:
         self._tokens += 1
@@ -29,7 +30,11 @@ class Harness:
         cmd: dict[str, Any] = {"op": op, "now": self.now, **fields}
         if op == "receive" and "token" not in fields:
             cmd["token"] = self.token()
-        return self.b.apply(cmd)
+        try:
+            return self.b.apply(cmd)
+        finally:
+            if self.check:
+                check_invariants(self.b)
 
     def advance(self, seconds: float) -> None:
         self.now += round(seconds * 1000)
@@ -73,17 +78,24 @@ def check_invariants(b: Broker) -> None:
         for key, (_, exp) in t.dedup.items():
             assert exp > b.now and (exp, key) in t.dedup_heap
 
-        def unsettled(g: Any, seq: int) -> bool:
-            return seq in g.held or (seq >= g.cursor and seq not in g.skip)
+        def unsettled(g: Any, seq: int, t: Any = t) -> bool:
+            fresh = seq >= g.cursor and seq not in g.skip
+            # below its pin (start=earliest), a gap is not fresh for the group
+            return seq in g.held or (fresh and (seq >= g.pin or t.get(seq) is not None))
 
         for i, m in enumerate(msgs):
             seq = base + i
-            n = sum(unsettled(g, seq) for g in t.groups.values())
+            holders = [g for g in t.groups.values() if unsettled(g, seq)]
             if m is None:
-                assert n == 0, (t.name, seq)
+                assert not holders, (t.name, seq)
             else:
-                assert refs[i] == n, (t.name, seq, refs[i], n)
+                counted = sum(seq >= g.pin for g in holders)
+                assert refs[i] == counted, (t.name, seq, refs[i], counted)
+                # a holder not counted in refs must be known as pinning
+                assert all(g in t.pinned for g in holders if seq < g.pin), (t.name, seq)
         for g in t.groups.values():
+            fresh = [s for s in range(g.cursor, t.next_seq) if s not in g.held and unsettled(g, s)]
+            assert g.fresh == len(fresh), (t.name, g.name, g.fresh, len(fresh))
             assert all(g.cursor <= s < t.next_seq for s in g.skip), (t.name, g.name)
             for s in range(g.cursor, base + t.head):
                 assert s in g.skip or s in g.held, (t.name, g.name, s)

@@ -9,15 +9,19 @@ which replicas share, and everything else is sorted.
 
 Per group, a message is in exactly one state:
 
-- *fresh*: ``seq >= cursor`` and not in ``skip`` (pending, never delivered);
+- *fresh*: ``seq >= cursor``, not in ``skip``, and (below the group's ``pin``) still retained
+  (pending, never delivered; ``fresh`` counts them);
 - *held*: in ``held`` (``seq -> attempts so far``), and then exactly one of in flight
   (``inflight``), delayed (``delayed``) or ready for redelivery (queued in ``ready``);
 - *settled*: everything else (acked, dead-lettered, dropped, or not addressed to this group).
 
 A topic keeps its retained messages in a list indexed by ``seq - first_seq`` plus a parallel list
-of how many groups have yet to settle each one; a message leaves when that count reaches zero, or
-through retention or overflow. Deadlines and delays sit in two global heaps with lazy deletion,
-so expiry costs O(expired * log n) and no command scans all messages.
+``refs`` of how many groups have yet to settle each one, counting a group only from its ``pin``
+on (its creation point). A group created with ``start=earliest`` instead *pins* the older
+messages (``Topic.pinned``): creating it costs O(1), and a message leaves when its refs reach zero
+and no pinning group still needs it, or through retention, overflow, purge or redrive. Deadlines
+and delays sit in two global heaps with lazy deletion, so expiry costs O(expired * log n) and no
+command scans all messages.
 """
 
 from __future__ import annotations
@@ -62,9 +66,11 @@ class Group:
         "counters",
         "cursor",
         "delayed",
+        "fresh",
         "held",
         "inflight",
         "name",
+        "pin",
         "ready",
         "skip",
     )
@@ -73,6 +79,10 @@ class Group:
         self.name = name
         self.config = config
         self.cursor = cursor
+        # The group is counted in a message's refs only from ``pin`` on; a group created with
+        # start=earliest pins the older messages instead (see ``Broker._settle``).
+        self.pin = cursor
+        self.fresh = 0  # how many messages are fresh
         self.skip: set[int] = set()
         self.held: dict[int, int] = {}
         # seq -> [consumer, mac, deadline_ms]
@@ -115,6 +125,7 @@ class Topic:
         "msgs",
         "name",
         "next_seq",
+        "pinned",
         "refs",
     )
 
@@ -133,6 +144,7 @@ class Topic:
         self.dedup: dict[str, tuple[int, int]] = {}  # key -> (seq, expires_at)
         self.dedup_heap: list[tuple[int, str]] = []  # (expires_at, key), lazy deletion
         self.counters: dict[str, int] = dict.fromkeys(TOPIC_COUNTERS, 0)
+        self.pinned: list[Group] = []  # groups whose pin is above the oldest retained seq
 
     def get(self, seq: int) -> Msg | None:
         i = seq - self.first_seq
@@ -150,6 +162,9 @@ class Topic:
         while h < n and msgs[h] is None:
             h += 1
         self.head = h
+        if self.pinned:
+            oldest = self.first_seq + h
+            self.pinned = [g for g in self.pinned if g.pin > oldest]
         if h > 1024 and h * 2 > n:
             del msgs[:h]
             del self.refs[:h]
@@ -165,6 +180,18 @@ def _group(topic: Topic, name: Any) -> Group:
             f"group {name!r} not found on topic {topic.name!r}", topic=topic.name, group=name
         )
     return g
+
+
+def _pinned_elsewhere(t: Topic, g: Group, seq: int) -> bool:
+    """Does a group other than ``g``, not counted in the refs of ``seq``, still need it?"""
+    for h in t.pinned:
+        if (
+            h is not g
+            and seq < h.pin
+            and (seq in h.held or (seq >= h.cursor and seq not in h.skip))
+        ):
+            return True
+    return False
 
 
 def _advance_cursor(g: Group, to: int) -> None:
@@ -416,13 +443,13 @@ class Broker:
             )
         cfg = v.group_config(t.name, _config(cmd))
         if start == "earliest":
+            # O(1): the group pins the retained messages instead of counting in their refs;
+            # the gaps between them are not fresh for it (see _op_receive).
             g = Group(gname, cfg, t.oldest_seq())
-            refs, msgs = t.refs, t.msgs
-            for i in range(t.head, len(msgs)):
-                if msgs[i] is not None:
-                    refs[i] += 1
-                else:
-                    g.skip.add(t.first_seq + i)
+            g.pin = t.next_seq
+            g.fresh = t.count
+            if t.count:
+                t.pinned.append(g)
         else:
             g = Group(gname, cfg, t.next_seq)
         t.groups[gname] = g
@@ -438,9 +465,11 @@ class Broker:
         t = self._topic(cmd)
         g = _group(t, cmd.get("group"))
         for seq in sorted(g.held):
-            self._settle(t, seq)
+            self._settle(t, g, seq)
         self._settle_fresh(t, g)
         self._forget_consumers(t, g)
+        if g in t.pinned:
+            t.pinned.remove(g)
         del t.groups[g.name]
         return {"topic": t.name, "group": g.name, "deleted": True}
 
@@ -531,6 +560,7 @@ class Broker:
         groups = list(t.groups.values())
         ngroups = len(groups)
         tmsgs, trefs = t.msgs, t.refs
+        n_fresh = n
         for payload, hdrs, key, delay_ms in staged:
             seq = t.next_seq
             t.next_seq = seq + 1
@@ -541,12 +571,15 @@ class Broker:
                 dedup[key] = (seq, exp)
                 heapq.heappush(t.dedup_heap, (exp, key))
             if delay_ms:
+                n_fresh -= 1
                 due = now + delay_ms
                 for g in groups:
                     g.held[seq] = 0
                     g.delayed[seq] = due
                     g.skip.add(seq)
                     heapq.heappush(self._delays, (due, t.name, g.name, (seq,)))
+        for g in groups:
+            g.fresh += n_fresh
         t.count += n
         t.bytes += add_bytes
         t.counters["published"] += n
@@ -579,6 +612,7 @@ class Broker:
                 g.counters["dropped"] += 1
             elif seq >= g.cursor and seq not in g.skip:
                 g.counters["dropped"] += 1
+                g.fresh -= 1
                 if seq == g.cursor:
                     g.cursor += 1
                 else:
@@ -594,19 +628,24 @@ class Broker:
                 if g.cursor < oldest:
                     _advance_cursor(g, oldest)
 
-    def _settle(self, t: Topic, seq: int) -> None:
-        """One group is done with ``seq``; free the message when every group is."""
+    def _settle(self, t: Topic, g: Group, seq: int) -> None:
+        """Group ``g`` is done with ``seq``; free the message when every group is: its refs
+        (groups counted from their pin on) reach zero and no group pinning it still needs it."""
         i = seq - t.first_seq
         if i < t.head or i >= len(t.msgs):
             return
         m = t.msgs[i]
         if m is None:
             return
-        r = t.refs[i] - 1
-        if r > 0:
+        if seq >= g.pin:
+            r = t.refs[i] - 1
             t.refs[i] = r
+            if r:
+                return
+        elif t.refs[i]:
             return
-        t.refs[i] = 0
+        if t.pinned and _pinned_elsewhere(t, g, seq):
+            return
         t.msgs[i] = None
         t.count -= 1
         t.bytes -= len(m[0])
@@ -616,19 +655,25 @@ class Broker:
     def _settle_fresh(self, t: Topic, g: Group) -> int:
         """Settle every fresh message of ``g`` at once (delete or purge of a group): one tight
         pass over the group's backlog. Returns how many it settled."""
-        base, msgs, refs, skip = t.first_seq, t.msgs, t.refs, g.skip
+        base, msgs, refs, skip, pin = t.first_seq, t.msgs, t.refs, g.skip, g.pin
         n = freed = freed_bytes = 0
         for i in range(max(g.cursor, t.oldest_seq()) - base, t.next_seq - base):
             m = msgs[i]
             if m is None or (skip and i + base in skip):
                 continue
             n += 1
-            r = refs[i] - 1
-            refs[i] = r
-            if not r:
-                msgs[i] = None
-                freed += 1
-                freed_bytes += len(m[0])
+            if i + base >= pin:
+                r = refs[i] - 1
+                refs[i] = r
+                if r:
+                    continue
+            elif refs[i]:
+                continue
+            if t.pinned and _pinned_elsewhere(t, g, i + base):
+                continue
+            msgs[i] = None
+            freed += 1
+            freed_bytes += len(m[0])
         t.count -= freed
         t.bytes -= freed_bytes
         t.trim()
@@ -679,16 +724,20 @@ class Broker:
             if seq in held and seq not in inflight and seq not in g.delayed:
                 seqs.append(seq)
         if len(seqs) < n:
-            cursor, end, skip = g.cursor, t.next_seq, g.skip
+            cursor, end, skip, pin = g.cursor, t.next_seq, g.skip, g.pin
+            taken = len(seqs)
             while cursor < end and len(seqs) < n:
                 seq = cursor
                 cursor += 1
                 if skip and seq in skip:
                     skip.discard(seq)
                     continue
+                if seq < pin and t.get(seq) is None:
+                    continue  # gone before this (start=earliest) group was created
                 held[seq] = 0
                 seqs.append(seq)
             g.cursor = cursor
+            g.fresh -= len(seqs) - taken
         if not seqs:
             return {"deliveries": out}
         mine = g.by_consumer.get(consumer)
@@ -765,7 +814,7 @@ class Broker:
                 continue
             self._unhold(t, g, seq)
             g.counters["acked"] += 1
-            self._settle(t, seq)
+            self._settle(t, g, seq)
             acked += 1
         return {"acked": acked, "errors": errors}
 
@@ -889,7 +938,7 @@ class Broker:
                 }
             )
             self._append_dlq(self._ensure_dlq(dlq_name), m[0], hdrs)
-        self._settle(t, seq)
+        self._settle(t, g, seq)
 
     def _append_dlq(self, d: Topic, payload: bytes, hdrs: dict[str, str]) -> None:
         """Dead letters bypass ``reject`` limits (they must never be lost on the way in);
@@ -898,6 +947,8 @@ class Broker:
         d.next_seq += 1
         d.msgs.append((payload, self.now, hdrs))
         d.refs.append(len(d.groups))
+        for g in d.groups.values():
+            g.fresh += 1
         d.count += 1
         d.bytes += len(payload)
         d.counters["published"] += 1
@@ -916,12 +967,14 @@ class Broker:
         if gname is None:
             n = t.count
             for g in t.groups.values():
-                g.counters["purged"] += len(g.held) + max(0, t.next_seq - g.cursor - len(g.skip))
+                g.counters["purged"] += len(g.held) + g.fresh
                 for seq in list(g.held):
                     self._unhold(t, g, seq)
                 g.ready.clear()
                 g.skip.clear()
-                g.cursor = t.next_seq
+                g.cursor = g.pin = t.next_seq
+                g.fresh = 0
+            t.pinned = []
             t.msgs = []
             t.refs = []
             t.first_seq = t.next_seq
@@ -934,13 +987,16 @@ class Broker:
         n = 0
         for seq in sorted(g.held):
             self._unhold(t, g, seq)
-            self._settle(t, seq)
+            self._settle(t, g, seq)
             n += 1
         n += self._settle_fresh(t, g)
         g.counters["purged"] += n
-        g.cursor = t.next_seq
+        g.cursor = g.pin = t.next_seq
+        g.fresh = 0
         g.skip.clear()
         g.ready.clear()
+        if g in t.pinned:
+            t.pinned.remove(g)
         return {"topic": t.name, "group": g.name, "purged": n}
 
     def _op_redrive(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -982,6 +1038,8 @@ class Broker:
         for g in t.groups.values():
             if g.name != group:
                 g.skip.add(seq)
+            else:
+                g.fresh += 1
 
     # ------------------------------------------------------------------ queries (read-only)
 
@@ -1009,14 +1067,14 @@ class Broker:
         return self._group_stats(t, _group(t, group))
 
     def _group_stats(self, t: Topic, g: Group) -> dict[str, Any]:
-        fresh = max(0, t.next_seq - g.cursor - len(g.skip))
+        fresh = g.fresh
         in_flight = len(g.inflight)
         delayed = len(g.delayed)
         ready = len(g.held) - in_flight - delayed
         oldest_seq = min(g.held) if g.held else None
         if fresh:
             s = g.cursor
-            while s in g.skip:
+            while s in g.skip or (s < g.pin and t.get(s) is None):
                 s += 1
             oldest_seq = s if oldest_seq is None else min(oldest_seq, s)
         m = t.get(oldest_seq) if oldest_seq is not None else None
@@ -1069,6 +1127,8 @@ class Broker:
                     g.name,
                     g.config,
                     g.cursor,
+                    g.pin,
+                    g.fresh,
                     sorted(g.skip),
                     list(g.held.items()),
                     [[s, *e] for s, e in g.inflight.items()],
@@ -1129,10 +1189,11 @@ class Broker:
             t.dedup_heap = [(e, k) for k, (_, e) in t.dedup.items()]
             heapq.heapify(t.dedup_heap)
             t.counters = dict(zip(TOPIC_COUNTERS, tc, strict=True))
-            for gname, gcfg, cursor, skip, held, inflight, delayed, ready, gc in groups:
+            for gname, gcfg, cursor, pin, fresh, skip, held, inflight, delayed, ready, gc in groups:
                 gcfg = dict(gcfg)
                 gcfg["backoff"] = list(gcfg["backoff"])
                 g = Group(gname, gcfg, cursor)
+                g.pin, g.fresh = pin, fresh
                 g.skip = set(skip)
                 g.held = dict(held)
                 for s, consumer, mac, deadline in inflight:
@@ -1146,6 +1207,8 @@ class Broker:
                 g.ready = deque(ready)
                 g.counters = dict(zip(GROUP_COUNTERS, gc, strict=True))
                 t.groups[gname] = g
+            oldest = t.oldest_seq()
+            t.pinned = [g for g in t.groups.values() if g.pin > oldest]
             self.topics[name] = t
         heapq.heapify(self._deadlines)
         heapq.heapify(self._delays)
