@@ -12,6 +12,7 @@ import pytest
 from raftq.cluster.raft import (
     EntryTooLarge,
     NotLeader,
+    QueueFull,
     RaftConfig,
     RaftError,
     RaftNode,
@@ -308,3 +309,23 @@ async def test_pipelined_appends_never_make_followers_rewrite_their_log(
     assert leader.stats["stale_acks_ignored"] > 0  # the situation did arise
     assert truncations == []
     assert "truncating already-applied" not in caplog.text
+
+
+async def test_queue_full_means_not_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    import raftq.cluster.raft as raft_module
+
+    monkeypatch.setattr(raft_module, "QUEUE_MAX", 4)
+    ns = Nodes(None, 1)
+    node = ns.start("n1")
+    try:
+        await ns.leader()
+        await node.propose([{"op": "create_topic", "topic": "t"}])
+        outcomes = await asyncio.gather(
+            *(node.propose([pub("t", b"%d" % i)]) for i in range(200)), return_exceptions=True
+        )
+        full = [o for o in outcomes if isinstance(o, QueueFull)]
+        done = [o for o in outcomes if isinstance(o, list)]
+        assert full and done and len(full) + len(done) == 200
+        assert node.read(lambda b: b.topic_stats("t")["messages"]) == len(done)
+    finally:
+        await ns.close()
