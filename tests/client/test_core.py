@@ -96,3 +96,19 @@ def test_single_receipt_settle_raises_its_error() -> None:
     with pytest.raises(errors.ReceiptStale):
         core.raise_receipt_errors(res, 1)
     core.raise_receipt_errors(res, 2)  # many: the caller reads the list
+
+
+def test_a_node_that_failed_is_passed_over_for_a_while() -> None:
+    now = [0.0]
+    ep = core.Endpoints(["h:1", "h:2", "h:3"], cooldown=2.0, clock=lambda: now[0])
+    ep.failed("http://h:1")
+    assert {ep.pick() for _ in range(6)} == {"http://h:2", "http://h:3"}
+    now[0] = 2.5
+    assert "http://h:1" in {ep.pick() for _ in range(6)}
+
+
+def test_when_every_node_failed_they_are_still_tried() -> None:
+    ep = core.Endpoints(["h:1", "h:2"], clock=lambda: 0.0)
+    ep.failed("http://h:1")
+    ep.failed("http://h:2")
+    assert ep.pick() in ep.seeds

@@ -26,6 +26,10 @@ from raftq.client._coalesce import Coalescer
 from raftq.client._message import Delivery
 from raftq.client.errors import RaftqError, Unavailable, error_from_body
 
+# A node that does not accept a connection within this long is taken for down (they are on a
+# LAN or loopback); the next node is tried.
+CONNECT_TIMEOUT = 2.0
+
 
 class AsyncMessage(Delivery):
     """A delivery from ``AsyncClient.consume`` / ``receive``; settle it exactly once.
@@ -264,7 +268,9 @@ class AsyncClient:
                     data=wire.body,
                     headers=wire.headers,
                     allow_redirects=False,
-                    timeout=aiohttp.ClientTimeout(total=remaining),
+                    timeout=aiohttp.ClientTimeout(
+                        total=remaining, sock_connect=min(remaining, CONNECT_TIMEOUT)
+                    ),
                 ) as resp:
                     leader = resp.headers.get("X-Raftq-Leader")
                     if core.is_redirect(resp.status) and "Location" in resp.headers:

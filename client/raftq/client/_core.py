@@ -12,7 +12,8 @@ import itertools
 import json
 import random
 import secrets
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -140,11 +141,15 @@ def deadline_error(last: RaftqError | None, req: Request, timeout: float) -> Raf
 
 @dataclass
 class Endpoints:
-    """Which node to talk to: the known leader first, else the seeds in turn."""
+    """Which node to talk to: the known leader first, else the seeds in turn, passing over a
+    node that failed within the last ``cooldown`` seconds while another one is left."""
 
     seeds: list[str]
     leader: str | None = None
+    cooldown: float = 2.0
+    clock: Callable[[], float] = time.monotonic
     _turn: itertools.count[int] = field(default_factory=itertools.count)
+    _down: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.seeds:
@@ -152,11 +157,19 @@ class Endpoints:
         self.seeds = [normalize_url(u) for u in self.seeds]
 
     def pick(self) -> str:
-        if self.leader is not None:
+        now = self.clock()
+        if self.leader is not None and self._down.get(self.leader, 0.0) <= now:
             return self.leader
-        return self.seeds[next(self._turn) % len(self.seeds)]
+        start = next(self._turn)
+        n = len(self.seeds)
+        for i in range(n):
+            url = self.seeds[(start + i) % n]
+            if self._down.get(url, 0.0) <= now:
+                return url
+        return self.seeds[start % n]
 
     def failed(self, url: str) -> None:
+        self._down[url] = self.clock() + self.cooldown
         if self.leader == url:
             self.leader = None
 
@@ -165,6 +178,7 @@ class Endpoints:
         if url and ":" in url:  # an address, not a bare node id
             url = normalize_url(url)
             self.leader = url
+            self._down.pop(url, None)
             if url not in self.seeds:
                 self.seeds.append(url)
 

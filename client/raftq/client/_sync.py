@@ -24,6 +24,8 @@ from raftq.client import _core as core
 from raftq.client._message import Delivery
 from raftq.client.errors import RaftqError, Unavailable
 
+CONNECT_TIMEOUT = 2.0  # as in the async client: a node that does not accept is taken for down
+
 
 class Message(Delivery):
     """A delivery from ``Client.consume`` / ``receive``; settle it exactly once."""
@@ -118,11 +120,12 @@ class Client:
                 if parts.scheme == "https"
                 else http.client.HTTPConnection
             )
-            conn = cls(parts.netloc, timeout=timeout)
+            conn = cls(parts.netloc, timeout=min(timeout, CONNECT_TIMEOUT))
             self._conns[base] = conn
-        conn.timeout = timeout
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
+        if conn.sock is None:
+            conn.timeout = min(timeout, CONNECT_TIMEOUT)
+            conn.connect()
+        conn.sock.settimeout(timeout)
         return conn
 
     def _send(self, url: str, wire: core.Wire, remaining: float) -> Any:
@@ -131,16 +134,17 @@ class Client:
         fresh_retry = True
         while True:
             reused = base in self._conns and self._conns[base].sock is not None
-            conn = self._conn(base, remaining)
             sent = False
             try:
+                conn = self._conn(base, remaining)
                 conn.request(wire.method, path, body=wire.body, headers=wire.headers)
                 sent = True
                 resp = conn.getresponse()
                 data = resp.read()
             except (OSError, http.client.HTTPException) as e:
-                conn.close()
-                self._conns.pop(base, None)
+                dead = self._conns.pop(base, None)
+                if dead is not None:
+                    dead.close()
                 stale = reused and isinstance(
                     e, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
                 )
