@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=int(os.environ.get("NODES", 3)))
     p.add_argument("--runs", type=int, default=int(os.environ.get("RUNS", 1)))
     p.add_argument("--faults", default=os.environ.get("FAULTS", "all"), help="comma list or all")
+    p.add_argument("--quiet", default="2,4", help="quiet period between faults, lo,hi seconds")
+    p.add_argument("--hold", default="3,6", help="how long a fault lasts, lo,hi seconds")
     p.add_argument("--out", default=os.environ.get("CHAOS_OUT"), help="run directory root")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
@@ -50,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             duration=args.duration,
             seed=seed + i,
             randomize=True,
+            quiet=_range(args.quiet),
+            hold=_range(args.hold),
         )
         print(f"run {i + 1}/{args.runs}: seed {sc.seed}, {args.nodes} nodes, {args.duration:.0f} s")
         t = time.monotonic()
@@ -61,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     print(summary_table(reports))
     print(f"histories and node logs under {out}")
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _range(text: str) -> tuple[float, float]:
+    lo, _, hi = text.partition(",")
+    return float(lo), float(hi or lo)
 
 
 if __name__ == "__main__":

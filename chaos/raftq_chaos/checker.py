@@ -253,6 +253,20 @@ def check(events: list[dict[str, Any]], spec: Spec) -> Result:
 
     # dead letters
     for value, ds in dead.items():
+        # a dead letter is itself a message of the dead-letter group: same duplicate rules
+        ds.sort(key=lambda d: (d.seq, d.attempt, d.index))
+        for prev, cur in itertools.pairwise(ds):
+            if prev.seq != cur.seq:
+                continue
+            reason, illegal = _classify(prev, cur, settles, releases)
+            if illegal:
+                anomalies.append(
+                    Anomaly(
+                        ILLEGAL_DUPLICATE, value, "dead letter " + reason, [prev.index, cur.index]
+                    )
+                )
+            else:
+                legit[reason] += 1
         entries = {d.seq: d for d in ds}  # redelivered dead letters are one entry
         mine = [d for d in entries.values() if d.headers.get(DLQ_GROUP, spec.group) == spec.group]
         if len(mine) > 1:

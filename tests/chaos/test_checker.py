@@ -76,13 +76,17 @@ class H:
         op = self.h.invoke(self.h.new_process(), "release", {"consumer": consumer})
         self.h.ok(op)
 
-    def dlq(self, value: str, attempts: int, reason: str = "nack", dseq: int = 0) -> None:
+    def dlq(
+        self, value: str, attempts: int, reason: str = "nack", dseq: int = 0, attempt: int = 1
+    ) -> None:
         headers = {
             checker.DLQ_ATTEMPTS: str(attempts),
             checker.DLQ_REASON: reason,
             checker.DLQ_GROUP: "g",
         }
-        r = self.receive("drain", T0 + 10**6, (value, dseq, 1), topic="work.dlq", headers=headers)
+        r = self.receive(
+            "drain", T0 + 10**6, (value, dseq, attempt), topic="work.dlq", headers=headers
+        )
         self.settle("ack", r[0])
 
     def check(self) -> checker.Result:
@@ -364,3 +368,18 @@ def test_batch_publish_values_are_checked_one_by_one() -> None:
     assert res.counts["publish-ok"] == 3
     got = sorted((a.kind, a.value) for a in res.anomalies)
     assert got == [(checker.LOST, "c"), (checker.UNEXPECTED, "b")]
+
+
+def test_dead_letter_redelivered_after_acknowledged_ack_is_illegal() -> None:
+    h = H()
+    h.publish("poison-1")
+    now = T0
+    for attempt in (1, 2, 3):
+        (r,) = h.receive(f"c{attempt}", now, ("poison-1", 0, attempt))
+        h.settle("nack", r)
+        now += 10
+    h.dlq("poison-1", attempts=3, dseq=0)  # received from the dead-letter group and acked
+    h.dlq("poison-1", attempts=3, dseq=0, attempt=2)  # ... and delivered again
+    res = h.check()
+    assert kinds(res) == [checker.ILLEGAL_DUPLICATE]
+    assert res.anomalies[0].detail.startswith("dead letter redelivered")
