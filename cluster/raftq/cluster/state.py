@@ -270,7 +270,7 @@ class Broker:
         out: list[dict[str, Any]] = []
         for cmd in commands:
             try:
-                if not isinstance(cmd, Mapping):
+                if type(cmd) is not dict and not isinstance(cmd, Mapping):
                     raise InvalidArgument("command must be a map", field="command")
                 out.append(self._dispatch(cmd))
             except BrokerError as e:
@@ -499,7 +499,7 @@ class Broker:
         results: list[dict[str, Any]] = []
         add_bytes = 0
         for i, m in enumerate(msgs_in):
-            if not isinstance(m, Mapping):
+            if type(m) is not dict and not isinstance(m, Mapping):
                 raise InvalidArgument(f"messages[{i}] must be a map", field="messages")
             payload = m.get("payload")
             if not isinstance(payload, bytes):
