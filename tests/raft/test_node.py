@@ -329,3 +329,19 @@ async def test_queue_full_means_not_applied(monkeypatch: pytest.MonkeyPatch) -> 
         assert node.read(lambda b: b.topic_stats("t")["messages"]) == len(done)
     finally:
         await ns.close()
+
+
+async def test_nodes_with_different_secrets_never_form_a_cluster(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ns = Nodes(None, 2)
+    try:
+        for nid, secret in (("n1", "one"), ("n2", "two")):
+            cfg = ns.config(nid)
+            node = RaftNode(RaftConfig(nid, cfg.raft_addr, cfg.api_addr, cfg.peers, None, secret))
+            node.start()
+            ns.nodes[nid] = node
+        await until("an authentication warning", lambda: "cluster secret" in caplog.text, 10)
+        assert not any(n.is_leader() for n in ns.nodes.values())
+    finally:
+        await ns.close()

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgpack
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
@@ -206,6 +207,7 @@ class _Sealer:
         self._aead = self._key(self._salt)
         self._keys: dict[bytes, AESGCM] = {self._salt: self._aead}
         self._counter = itertools.count(1)
+        self._warned = 0.0
 
     def _key(self, salt: bytes) -> AESGCM:
         key = hmac.new(self._master, b"raftq-seal" + salt, "sha256").digest()[:16]
@@ -230,7 +232,18 @@ class _Sealer:
             if len(self._keys) > 1024:  # peers restart with new salts; keep the map bounded
                 self._keys = {self._salt: self._aead}
             aead = self._keys[salt] = self._key(salt)
-        return aead.decrypt(nonce, data[self._HEAD.size :], head)
+        try:
+            return aead.decrypt(nonce, data[self._HEAD.size :], head)
+        except InvalidTag:
+            # pysyncobj drops the connection without a word; say why, at most every 10 s.
+            now = time.monotonic()
+            if now - self._warned > 10:
+                self._warned = now
+                log.warning(
+                    "raft message failed authentication: is the cluster secret the same"
+                    " on every node?"
+                )
+            raise
 
 
 def _node(addr: str, node_id: str, api: str) -> Any:
