@@ -9,8 +9,9 @@ by their payload (``value``), which the workload makes unique. Classes:
 - **unexpected**: a delivery of a value nobody published, or whose publish definitely failed, or
   whose stored seq differs from the one its ``ok`` publish returned;
 - **duplicate**: a second delivery of a value. *Legitimate* after the previous delivery's lease
-  expired, a nack, a release of its consumer (explicit, or implied by a receive of that consumer
-  ending badly: the node then releases it), or an unobserved delivery (a receive whose answer was
+  expired, a nack, a release of its consumer (explicit, implied by a receive of that consumer
+  ending badly: the node then releases it, or by a stream delivery: a stream's deliveries are
+  released whenever its socket closes), or an unobserved delivery (a receive whose answer was
   lost). *Illegal* after an acknowledged ack or term, inside an unexpired lease without a nack or
   release, the same attempt twice, or the same value stored under two seqs (dedup failed);
 - **dead-letter**: a dead letter without ``max_attempts`` deliveries or a term, a dead letter of
@@ -147,6 +148,9 @@ def check(events: list[dict[str, Any]], spec: Spec) -> Result:
                 releases[consumer].append(inv["index"])
                 continue
             assert done is not None
+            if value.get("stream"):
+                # the node releases a stream's deliveries when its socket closes, unseen here
+                releases[consumer].append(inv["index"])
             topic = value.get("topic")
             if topic not in (spec.topic, spec.dlq_topic) or (
                 topic == spec.topic and value.get("group") != spec.group

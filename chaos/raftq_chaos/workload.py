@@ -11,6 +11,7 @@
   deadline) and ack; the "nacker" nacks some and terms a few, the "crasher" sometimes drops
   the rest of a batch without settling it (a simulated crash: new consumer id, leases left to
   expire); the "acker" sometimes extends a lease first, or acks only after it ran out;
+- a WebSocket stream consumer acks (poison: nacks) and drops a few;
 - a dead-letter consumer acks what reaches the dead-letter topic;
 - ``drain`` (after healing) receives and acks (poison: nacks) until both groups are empty.
 
@@ -48,6 +49,7 @@ class WorkloadConfig:
     extend_rate: float = 0.05
     slow_rate: float = 0.01
     batch_interval: float = 0.1
+    stream_consumer: bool = True
     drop_rate: float = 0.08
     seed: int = 0
 
@@ -283,6 +285,52 @@ class Workload:
                     f = "ack"
                 proc = await self._settle(proc, f, m, self.cfg.topic)
 
+    async def stream_consumer(self, name: str) -> None:
+        """A WebSocket consumer (``consume(stream=True)``), which reconnects by itself; the node
+        releases a stream's deliveries whenever its socket closes, which this side cannot see,
+        so each delivery is logged as its own ``receive`` marked ``stream`` (the checker then
+        treats a later redelivery as legitimate unless it follows an acknowledged ack)."""
+        inner = asyncio.create_task(self._stream_loop(name))
+        await self.stop.wait()
+        inner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await inner
+
+    async def _stream_loop(self, name: str) -> None:
+        c = self.client()
+        h = self.history
+        proc = h.new_process()
+        rng = random.Random(f"{self.cfg.seed}-{name}")
+        topic, group, k = self.cfg.topic, self.cfg.group, 0
+        while True:
+            k += 1
+            cid = f"{name}-{k}-{secrets.token_hex(3)}"
+            v = {"topic": topic, "group": group, "consumer": cid, "stream": True}
+            v["visibility"] = self.cfg.visibility
+            try:
+                async for m in c.consume(
+                    topic, group, prefetch=5, visibility=self.cfg.visibility, stream=True
+                ):
+                    value = m.payload.decode("utf-8", "replace")
+                    op = h.invoke(proc, "receive", v)
+                    d = {
+                        "value": value,
+                        "seq": m.seq,
+                        "attempt": m.attempt,
+                        "receipt": m.receipt,
+                        "deadline": m.deadline_ms,
+                    }
+                    h.ok(op, {**v, "deliveries": [d]})
+                    self._count("stream-delivery")
+                    if rng.random() < self.cfg.drop_rate / 2:
+                        self._count("dropped")
+                        continue
+                    f = "nack" if value.startswith("poison") else "ack"
+                    proc = await self._settle(proc, f, m, topic)
+            except RaftqError as e:
+                h.note("stream-error", {"consumer": cid, "error": _err(e)}, process=name)
+                await asyncio.sleep(0.2)
+
     async def dead_letter_consumer(self) -> None:
         c = self.client()
         proc = self.history.new_process()
@@ -309,6 +357,8 @@ class Workload:
             asyncio.create_task(self.consumer(f"c{i}", styles[i % len(styles)]))
             for i in range(cfg.consumers)
         ]
+        if cfg.stream_consumer:
+            out.append(asyncio.create_task(self.stream_consumer("s0")))
         out.append(asyncio.create_task(self.dead_letter_consumer()))
         return out
 

@@ -383,3 +383,24 @@ def test_dead_letter_redelivered_after_acknowledged_ack_is_illegal() -> None:
     res = h.check()
     assert kinds(res) == [checker.ILLEGAL_DUPLICATE]
     assert res.anomalies[0].detail.startswith("dead letter redelivered")
+
+
+def test_stream_deliveries_may_be_released_at_any_time_but_not_after_an_ack() -> None:
+    h = H()
+    h.publish("a")
+    h.publish("b")
+    stream = {"topic": "work", "group": "g", "consumer": "s1", "visibility": VIS, "stream": True}
+    receipts = []
+    for value, seq in (("a", 0), ("b", 1)):
+        op = h.h.invoke(h.h.new_process(), "receive", stream)
+        r = f"work:g:{seq}:1:s"
+        d = {"value": value, "seq": seq, "attempt": 1, "receipt": r, "deadline": T0 + 2000}
+        h.h.ok(op, {**stream, "deliveries": [d]})
+        receipts.append(r)
+    h.settle("ack", receipts[1])
+    ra, rb = h.receive("c2", T0 + 10, ("a", 0, 2), ("b", 1, 2))  # inside both leases
+    h.settle("ack", ra)
+    h.settle("ack", rb)
+    res = h.check()
+    assert [(a.kind, a.value) for a in res.anomalies] == [(checker.ILLEGAL_DUPLICATE, "b")]
+    assert res.legit_duplicates == {"release": 1}
