@@ -720,6 +720,13 @@ class RaftNode:
                 cmd = _REGULAR + pickle.dumps((self._func, (data,)), PICKLE_PROTOCOL)
                 journal.add(cmd, idx, term)
                 p.state, p.index, p.term = _LOGGED, idx, term
+                prev = self._pending.get(idx)
+                if prev is not None and prev.state == _LOGGED:
+                    # An older entry of ours at this index is gone from the leader's log, so it
+                    # was never committed (a committed entry is in every later leader's log).
+                    prev.state = _DONE
+                    err = NotLeader(f"entry {idx} was superseded; not applied")
+                    self._done.append((prev, None, err))
                 self._pending[idx] = p
                 added = True
         if added:
