@@ -345,3 +345,31 @@ async def test_nodes_with_different_secrets_never_form_a_cluster(
         assert not any(n.is_leader() for n in ns.nodes.values())
     finally:
         await ns.close()
+
+
+class _NoSnapshotDisk(OsDisk):
+    def create(self, path: str) -> DiskFile:
+        if path.endswith("snapshot.bin.tmp"):
+            raise OSError(28, "No space left on device")
+        return super().create(path)
+
+
+async def test_a_failed_snapshot_keeps_the_journal_and_the_node_serving(tmp_path: Path) -> None:
+    ns = Nodes(tmp_path, 1, compaction=20)
+    node = RaftNode(ns.config("n1"), disk=_NoSnapshotDisk(), compaction_entries=20)
+    node.start()
+    ns.nodes["n1"] = node
+    try:
+        await ns.leader()
+        await node.propose([{"op": "create_topic", "topic": "t"}])
+        for i in range(60):
+            await node.propose([pub("t", b"%d" % i)])
+        assert node.stats["snapshots"] == 0
+        assert node._journal is not None and len(node._journal) > 60  # nothing compacted away
+        await ns.stop("n1")
+        node = ns.start("n1")
+        await ns.leader()
+        await node.propose([pub("t", b"after")])
+        assert node.read(lambda b: b.topic_stats("t")["messages"]) == 61
+    finally:
+        await ns.close()

@@ -268,6 +268,7 @@ class _Snapshots:
         self._mem: bytes | None = None  # in-memory mode, and a received snapshot to load
         self._mem_done = False
         self._started = 0.0
+        self._retry_at = 0.0
         self._tx: dict[Any, tuple[bytes, int]] = {}
         self._rx: bytearray | None = None
         self.installed = False  # the next deserialize() is a snapshot install, not startup
@@ -283,8 +284,8 @@ class _Snapshots:
         return seal(msgpack.packb(body, use_bin_type=True))
 
     def serialize(self, data: Any, id_: Any) -> None:
-        if self._pid or self._mem_done:
-            return
+        if self._pid or self._mem_done or time.monotonic() < self._retry_at:
+            return  # (pysyncobj asks again every tick after a failure)
         self._id = id_
         self._started = time.monotonic()
         if self._disk is None or self._path is None:
@@ -293,7 +294,12 @@ class _Snapshots:
             return
         # A forked child writes the snapshot from a copy-on-write image of the state, so the
         # tick thread (heartbeats) never waits for it: 1M messages take seconds to serialize.
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            log.error("snapshot %s: cannot fork the writer: %s; retrying in 30 s", self._path, e)
+            self._retry_at = time.monotonic() + 30
+            return
         if pid == 0:  # pragma: no cover - child process
             code = 1
             try:
@@ -318,7 +324,12 @@ class _Snapshots:
             self._owner.stats["snapshots"] += 1
             self._owner.stats["last_snapshot_ms"] = int((time.monotonic() - self._started) * 1000)
             return SERIALIZER_STATE.SUCCESS, self._id
-        log.error("snapshot %s: writer failed (status %d); journal kept", self._path, status)
+        log.error(
+            "snapshot %s: writer failed (status %d); journal kept, retrying in 30 s",
+            self._path,
+            status,
+        )
+        self._retry_at = time.monotonic() + 30
         return SERIALIZER_STATE.FAILED, self._id
 
     def _read(self) -> bytes | None:
