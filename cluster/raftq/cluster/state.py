@@ -723,9 +723,10 @@ class Broker:
             seq = ready.popleft()
             if seq in held and seq not in inflight and seq not in g.delayed:
                 seqs.append(seq)
-        if len(seqs) < n:
+        if len(seqs) < n and g.fresh:  # an idle group costs O(1), whatever its skip set
             cursor, end, skip, pin = g.cursor, t.next_seq, g.skip, g.pin
             taken = len(seqs)
+            n = min(n, taken + g.fresh)
             while cursor < end and len(seqs) < n:
                 seq = cursor
                 cursor += 1
