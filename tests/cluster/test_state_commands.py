@@ -499,7 +499,10 @@ def test_ack_with_receipt_of_earlier_attempt_is_rejected_and_changes_nothing(h: 
                 "details": {"receipt": d1["receipt"]},
             }
         ]
-        assert "no longer in flight" in res["errors"][0]["message"]
+        assert (
+            "is for attempt 1 of message 1, but attempt 2 is in flight"
+            in (res["errors"][0]["message"])
+        )
     assert _same_but_counter(h, before)
     assert h("ack", receipts=[d2["receipt"]])["acked"] == 1
 

@@ -786,10 +786,16 @@ class Broker:
         t = self.topics.get(tname)
         g = t.groups.get(gname) if t else None
         entry = g.inflight.get(seq) if g else None
-        if t is None or g is None or entry is None or g.held[seq] != attempt:
+        if t is None or g is None or entry is None:
             raise ReceiptStale(
                 f"delivery {receipt!r} is no longer in flight "
-                "(acked, expired, redelivered or removed)",
+                "(acked, timed out, released, dead-lettered or removed)",
+                receipt=receipt,
+            )
+        if g.held[seq] != attempt:
+            raise ReceiptStale(
+                f"receipt {receipt!r} is for attempt {attempt} of message {seq}, but attempt "
+                f"{g.held[seq]} is in flight now: the earlier delivery timed out or was released",
                 receipt=receipt,
             )
         if entry[1] != mac:
