@@ -597,16 +597,25 @@ class RaftNode:
         while not self._stopping and self._fatal is None:
             try:
                 b.doTick(TICK)
-                self._after_tick()
-                now = time.monotonic()
-                # Longest tick (poll wait included): heartbeats stop while it runs.
-                stats["max_tick_ms"] = max(stats["max_tick_ms"], int((now - last) * 1000))
-                last = now
             except StorageError as e:
                 self._fail(e)
+                break
             except Exception:
                 log.exception("raft tick failed")
+            try:
+                # Always, even after a failed tick: the next tick counts the leader's own
+                # entries toward commit, so they must be synced first.
+                self._after_tick()
+            except StorageError as e:
+                self._fail(e)
+                break
+            except Exception:
+                log.exception("raft flush failed")
                 time.sleep(TICK)
+            now = time.monotonic()
+            # Longest tick (poll wait included): heartbeats stop while it runs.
+            stats["max_tick_ms"] = max(stats["max_tick_ms"], int((now - last) * 1000))
+            last = now
         try:
             if self._fatal is None:
                 self._after_tick()
