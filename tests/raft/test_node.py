@@ -289,11 +289,26 @@ async def test_a_failed_fsync_stops_the_node_and_never_acknowledges(tmp_path: Pa
         await ns.close()
 
 
+@pytest.mark.parametrize("leader_fix", [True, False], ids=["both-fixes", "follower-fix-only"])
 async def test_pipelined_appends_never_make_followers_rewrite_their_log(
-    three: Nodes, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, leader_fix: bool
 ) -> None:
     """pysyncobj rewound next_index on every ack older than the latest send, re-sent entries
-    and made followers truncate and rewrite them (logging CRITICAL when already applied)."""
+    and made followers truncate and rewrite them (logging CRITICAL when already applied).
+    The leader no longer rewinds; and a follower keeps entries it already has even when they
+    are sent again."""
+    three = Nodes(tmp_path, 3)
+    for nid in three.addrs:
+        n = RaftNode(three.config(nid), fix_stale_acks=leader_fix)
+        n.start()
+        three.nodes[nid] = n
+    try:
+        await _pipelined(three, caplog, leader_fix)
+    finally:
+        await three.close()
+
+
+async def _pipelined(three: Nodes, caplog: pytest.LogCaptureFixture, leader_fix: bool) -> None:
     leader = await three.leader()
     await leader.propose([{"op": "create_topic", "topic": "t"}])
     truncations: list[int] = []
@@ -306,7 +321,11 @@ async def test_pipelined_appends_never_make_followers_rewrite_their_log(
             await leader.propose([pub("t", b"%d-%d" % (k, i))])
 
     await asyncio.gather(*(worker(k) for k in range(12)))
-    assert leader.stats["stale_acks_ignored"] > 0  # the situation did arise
+    if leader_fix:
+        assert leader.stats["stale_acks_ignored"] > 0  # the situation did arise
+    else:
+        dups = sum(n.stats["duplicate_appends"] for n in three.nodes.values())
+        assert dups > 0  # the leader re-sent entries the followers had
     assert truncations == []
     assert "truncating already-applied" not in caplog.text
 

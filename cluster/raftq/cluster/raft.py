@@ -468,6 +468,7 @@ class RaftNode:
         self._done: list[tuple[_Pending, Any, BaseException | None]] = []
         self._calls: deque[Callable[[], None]] = deque()
         self._acks: list[tuple[Any, Any]] = []
+        self._ack_next: dict[Any, int] = {}  # the verified next index for a duplicate append
         self._listeners: list[Callable[[], None]] = []
         self._fatal: BaseException | None = None
         self._stopping = False
@@ -486,6 +487,7 @@ class RaftNode:
             self._info[raddr] = (nid, api)
         self.stats = {
             "stale_acks_ignored": 0,
+            "duplicate_appends": 0,
             "rearmed_sends": 0,
             "syncs": 0,
             "sync_us": 0,
@@ -817,6 +819,14 @@ class RaftNode:
         ):
             self._on_ack(node, message)
             return
+        if (
+            isinstance(message, dict)
+            and message.get("type") == "append_entries"
+            and "prevLogIdx" in message
+            and "transmission" not in message
+            and message.get("term", -1) >= b._SyncObj__raftCurrentTerm
+        ):
+            self._skip_known_entries(node, message)
         self._orig_on_message(node, message)
         if isinstance(message, dict) and message.get("type") == "append_entries":
             part = message.get("serialized")
@@ -828,6 +838,34 @@ class RaftNode:
                     node,
                     {"type": "next_node_idx", "next_node_idx": 0, "reset": False, "success": False},
                 )
+
+    def _skip_known_entries(self, node: Any, m: dict[str, Any]) -> None:
+        """pysyncobj truncates a follower's log after ``prevLogIdx`` on every append, even when
+        the entries sent are the ones it already has (a re-send): acknowledged, possibly
+        committed entries vanish until the leader notices. Raft truncates only at a conflict:
+        drop the entries we already hold, and if nothing new remains, answer for exactly the
+        entries this message verified without letting pysyncobj touch the log."""
+        j = self._journal
+        assert j is not None
+        last_idx, last_term = j[-1][1], j[-1][2]
+        prev = m["prevLogIdx"]
+        if prev >= last_idx or prev < j[0][1] or j.term_at(prev) != m["prevLogTerm"]:
+            return  # nothing of ours after prev, or pysyncobj rejects: no truncation either way
+        entries = m.get("entries") or []
+        known = 0
+        for e in entries:
+            if e[1] > last_idx or j.term_at(e[1]) != e[2]:
+                break
+            known += 1
+        verified = prev + known
+        self.stats["duplicate_appends"] += 1  # a re-send: pysyncobj would truncate here
+        if known == len(entries):
+            m["prevLogIdx"], m["prevLogTerm"], m["entries"] = last_idx, last_term, []
+            m["commit_index"] = min(m["commit_index"], verified)  # our tail is unverified
+            self._ack_next[node] = verified + 1
+        elif known:
+            m["prevLogIdx"], m["prevLogTerm"] = verified, j.term_at(verified)
+            m["entries"] = entries[known:]
 
     def _on_ack(self, node: Any, message: dict[str, Any]) -> None:
         """pysyncobj sets next_index to whatever an ack says, so an ack for an older append
@@ -861,6 +899,9 @@ class RaftNode:
 
     def _send(self, node: Any, message: Any) -> bool:
         if isinstance(message, dict) and message.get("type") == "next_node_idx":
+            nxt = self._ack_next.pop(node, None)
+            if nxt is not None and message.get("success"):
+                message = {**message, "next_node_idx": nxt}
             # A follower's ack waits for the end of the tick: the journal is synced first.
             self._acks.append((node, message))
             return True
