@@ -16,7 +16,8 @@ What it changes in pysyncobj 0.3.17, through its extension points only:
   ``Broker.snapshot/restore``, written by a forked child (the tick thread never blocks on a
   large state), sealed with a CRC, temp file + fsync + rename + dir fsync; a snapshot that
   fails to load stops the node;
-* leader acks: a stale ``next_node_idx`` no longer rewinds the follower's next index;
+* acks: a stale ``next_node_idx`` no longer rewinds the follower's next index, and a follower
+  receiving entries it already holds no longer truncates its log after them;
 * wire: pickle protocol 4, no compression, AES-GCM sealing (``_Sealer``) instead of Fernet; a
   send that does not fit the socket buffer re-arms write interest so it is flushed as soon as
   the socket is writable; one recv per poll event (pysyncobj's read loop is quadratic in a
