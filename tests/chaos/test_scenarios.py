@@ -96,8 +96,10 @@ def assert_checker_sees_injected_anomalies(report: Report) -> None:
         for e in report.events
         if e["f"] == "ack" and e["type"] == "ok" and e["value"]["topic"] == spec.topic
     }
-    published_ok = {
-        e["value"]["value"]: e for e in report.events if e["f"] == "publish" and e["type"] == "ok"
+    published_ok = {  # single publishes (batches carry "values")
+        e["value"]["value"]: e
+        for e in report.events
+        if e["f"] == "publish" and e["type"] == "ok" and "value" in e["value"]
     }
     work = _receives(report.events, spec.topic)
     victim = next(
