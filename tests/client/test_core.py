@@ -112,3 +112,15 @@ def test_when_every_node_failed_they_are_still_tried() -> None:
     ep.failed("http://h:1")
     ep.failed("http://h:2")
     assert ep.pick() in ep.seeds
+
+
+def test_a_leader_hint_we_could_not_reach_is_ignored_during_the_cooldown() -> None:
+    now = [0.0]
+    ep = core.Endpoints(["h:1"], clock=lambda: now[0])
+    ep.learn("inside-docker:8000")
+    ep.failed(ep.pick())
+    ep.learn("inside-docker:8000")
+    assert ep.pick() == "http://h:1"
+    now[0] = 3.0
+    ep.learn("inside-docker:8000")
+    assert ep.pick() == "http://inside-docker:8000"

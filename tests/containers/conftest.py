@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import secrets
 import subprocess
 import time
@@ -55,6 +56,8 @@ def http_json(url: str, timeout: float = 2.0) -> tuple[int, Any]:
             return resp.status, json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, None
+    except (OSError, ValueError):  # unreachable (stopped, paused or cut off) or garbled
+        return 0, None
 
 
 def wait_for(pred: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
@@ -106,47 +109,72 @@ class ContainerCluster:
 
     def leader(self, timeout: float = 30.0, exclude: str | None = None) -> str:
         def find() -> str | None:
+            # The leader a majority of the nodes name (a deposed leader may still think it is).
+            votes: dict[str, int] = {}
             for n in sorted(self.nodes):
-                if n == exclude:
-                    continue
                 status, body = http_json(self.url(n) + "/cluster")
-                if status == 200 and body.get("role") == "leader":
-                    return n
+                if status == 200 and body.get("leader"):
+                    votes[body["leader"]] = votes.get(body["leader"], 0) + 1
+            for lid, count in votes.items():
+                if count > len(self.nodes) // 2 and lid != exclude:
+                    return lid
             return None
 
         return str(wait_for(find, timeout, "a leader"))
 
 
-def start_cluster(image: str, n: int = 3) -> ContainerCluster:
-    from testcontainers.core.container import DockerContainer
+def _network() -> tuple[Any, str]:
+    """A private network with a subnet of our own, so every node gets a fixed address that the
+    nodes advertise and the test (on the host) can reach."""
+    import docker.errors
+    from docker.types import IPAMConfig, IPAMPool
     from testcontainers.core.network import Network
 
+    for _ in range(20):
+        subnet = f"10.213.{random.randrange(256)}"
+        ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=f"{subnet}.0/24", gateway=f"{subnet}.1")])
+        try:
+            net = Network(docker_network_kw={"ipam": ipam}).create()
+        except docker.errors.APIError:  # the subnet is taken: pick another
+            continue
+        return net, subnet
+    raise RuntimeError("no free 10.213.x.0/24 subnet for the test network")
+
+
+def start_cluster(image: str, n: int = 3) -> ContainerCluster:
+    from docker.types import EndpointConfig
+    from testcontainers.core.container import DockerContainer
+
     run = uuid.uuid4().hex[:8]
-    net = Network().create()
+    net, subnet = _network()
     cluster = ContainerCluster(net)
     secret = secrets.token_hex(16)
     names = [f"n{i}" for i in range(1, n + 1)]
+    ips = {name: f"{subnet}.{10 + i}" for i, name in enumerate(names, start=1)}
+    peers = ",".join(f"{p}={p}:9000/{ips[p]}:8000" for p in names)  # each skips its own entry
     for name in names:
-        peers = ",".join(f"{p}={p}:9000/{p}:8000" for p in names if p != name)
         volume = f"raftq-test-{run}-{name}"
         cluster.volumes.append(volume)
+        endpoint = EndpointConfig("1.41", aliases=[name], ipv4_address=ips[name])
         c = (
             DockerContainer(image)
             .with_name(f"raftq-test-{run}-{name}")
-            .with_network(net)
-            .with_network_aliases(name)
             .with_env("RAFTQ_ID", name)
             .with_env("RAFTQ_RAFT", f"{name}:9000")
-            .with_env("RAFTQ_ADVERTISE", f"{name}:8000")
+            .with_env("RAFTQ_ADVERTISE", f"{ips[name]}:8000")
             .with_env("RAFTQ_PEERS", peers)
             .with_env("RAFTQ_SECRET", secret)
             .with_volume_mapping(volume, "/data", "rw")
-            .with_kwargs(init=True, hostname=name)
+            .with_kwargs(
+                init=True,
+                hostname=name,
+                network=net.name,
+                networking_config={net.name: endpoint},
+            )
         )
         c.start()
         cluster.nodes[name] = Node(name, c)
-    for name, node in cluster.nodes.items():
-        cluster.ips[name] = node.ip(net.name)
+        cluster.ips[name] = ips[name]
     return cluster
 
 

@@ -61,8 +61,9 @@ def test_compose_cluster_publishes_and_consumes(compose: list[str]) -> None:
     with Client(compose) as c:
         c.create_topic(topic)
         seqs = c.publish_batch(topic, [b"one", b"two", b"three"])
-        got = [m for m in c.consume(topic, max_messages=3, idle_timeout=10)]
-        for m in got:
+        got = []
+        for m in c.consume(topic, max_messages=3, idle_timeout=10):
             m.ack()
+            got.append(m)
     assert [m.payload for m in got] == [b"one", b"two", b"three"]
     assert [m.seq for m in got] == seqs

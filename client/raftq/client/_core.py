@@ -177,8 +177,9 @@ class Endpoints:
         """A server named the leader's HTTP address (header or /cluster)."""
         if url and ":" in url:  # an address, not a bare node id
             url = normalize_url(url)
+            if self._down.get(url, 0.0) > self.clock():
+                return  # we could not reach it a moment ago (e.g. an address inside Docker)
             self.leader = url
-            self._down.pop(url, None)
             if url not in self.seeds:
                 self.seeds.append(url)
 
