@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import time
@@ -93,6 +94,7 @@ def summary_table(reports: list[Report]) -> str:
         ("unexp", lambda r: _c(r, checker.UNEXPECTED)),
         ("dlq anom", lambda r: _c(r, checker.DEAD_LETTER)),
         ("recov", lambda r: _c(r, "recovered")),
+        ("max gap s", _gap),
         ("leader", lambda r: _flag(r.final.get("one_leader"))),
         ("digest", lambda r: _flag(r.final.get("digests_equal"))),
         ("drain", lambda r: _flag(r.final.get("drained"))),
@@ -124,6 +126,14 @@ def _legit(r: Report) -> str:
     short = {"expiry": "exp", "nack": "nack", "release": "rel", "unobserved delivery": "lost-rx"}
     parts = [f"{short.get(k, k)}:{v}" for k, v in sorted(d.items())]
     return ",".join(parts) or "0"
+
+
+def _gap(r: Report) -> str:
+    """Longest stretch without an acknowledged publish while the workload ran (seconds)."""
+    times = [e["time"] for e in r.events if e["f"] == "publish" and e["type"] == "ok"]
+    if len(times) < 2:
+        return "-"
+    return f"{max(b - a for a, b in itertools.pairwise(times)) / 1000:.1f}"
 
 
 def _flag(v: Any) -> str:
