@@ -192,6 +192,28 @@ class Cluster:
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
 
+    async def broker_figures(self, nid: str, timeout: float = 3.0) -> dict[str, float] | None:
+        """This node's own view of the replicated state, from its local ``/metrics``: every
+        ``raftq_topic_*`` / ``raftq_group_*`` sample (counters, backlog, in flight...)."""
+        node = self.nodes[nid]
+        if not node.alive or node.paused:
+            return None
+        try:
+            async with self.session().get(
+                node.url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as r:
+                if r.status != 200:
+                    return None
+                text = await r.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith(("raftq_topic_", "raftq_group_")):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
     async def statuses(self) -> dict[str, dict[str, Any] | None]:
         ids = list(self.nodes)
         res = await asyncio.gather(*(self.status(n) for n in ids))

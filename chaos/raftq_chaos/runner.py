@@ -59,7 +59,8 @@ class Report:
         )
 
     def _final_flags(self) -> dict[str, Any]:
-        return {k: self.final.get(k) for k in ("one_leader", "digests_equal", "drained")}
+        keys = ("one_leader", "digests_equal", "replicas_equal", "empty_everywhere", "drained")
+        return {k: self.final.get(k) for k in keys}
 
     def failure(self) -> str:
         lines = [f"chaos scenario {self.scenario.name} FAILED: seed={self.scenario.seed}"]
@@ -97,6 +98,8 @@ def summary_table(reports: list[Report]) -> str:
         ("max gap s", _gap),
         ("leader", lambda r: _flag(r.final.get("one_leader"))),
         ("digest", lambda r: _flag(r.final.get("digests_equal"))),
+        ("replicas", lambda r: _flag(r.final.get("replicas_equal"))),
+        ("empty", lambda r: _flag(r.final.get("empty_everywhere"))),
         ("drain", lambda r: _flag(r.final.get("drained"))),
         ("verdict", lambda r: "PASS" if r.ok else "FAIL"),
     ]
@@ -185,6 +188,43 @@ async def check_digests(cluster: Cluster, timeout: float = 30.0) -> tuple[bool |
     return False, last
 
 
+EMPTY_FIGURES = (
+    "raftq_topic_messages",
+    "raftq_group_backlog",
+    "raftq_group_delayed",
+    "raftq_group_in_flight",
+)
+
+
+async def check_replicas(cluster: Cluster, timeout: float = 30.0) -> tuple[bool, bool, str]:
+    """Every node's local view of the broker (``/metrics``: per-topic and per-group counters,
+    retained messages, backlog, delayed, in flight) is the same, and shows nothing left.
+    Returns (replicas_equal, empty_everywhere, detail)."""
+    last = ""
+    equal = empty = False
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        ids = list(cluster.nodes)
+        figs = await asyncio.gather(*(cluster.broker_figures(n) for n in ids))
+        views = {n: v for n, v in zip(ids, figs, strict=True) if v is not None}
+        missing = [n for n in ids if n not in views]
+        names = sorted({k for v in views.values() for k in v})
+        differ = [k for k in names if len({v.get(k) for v in views.values()}) > 1]
+        left = sorted(
+            f"{n}:{k}={x:g}"
+            for n, v in views.items()
+            for k, x in v.items()
+            if k.startswith(EMPTY_FIGURES) and x
+        )
+        equal = not missing and not differ
+        empty = not missing and not left
+        last = f"unreachable {missing}; differing {differ[:6]}; not empty {left[:6]}"
+        if equal and empty:
+            return True, True, f"{len(names)} figures equal on {len(ids)} nodes, all empty"
+        await asyncio.sleep(0.5)
+    return equal, empty, last
+
+
 # ---------------------------------------------------------------------- the run
 
 
@@ -271,6 +311,9 @@ async def _run(scenario: Scenario, cluster: Cluster, history: History, report: R
         report.final["drained"] = await wl.drain()
         ok, detail = await check_one_leader(cluster)
         report.final["one_leader"], report.final["one_leader_detail"] = ok, detail
+        eq, empty, detail = await check_replicas(cluster)
+        report.final["replicas_equal"], report.final["empty_everywhere"] = eq, empty
+        report.final["replicas_equal_detail"] = report.final["empty_everywhere_detail"] = detail
         dig, detail = await check_digests(cluster)
         report.final["digests_equal"], report.final["digests_equal_detail"] = dig, detail
     finally:
