@@ -179,6 +179,23 @@ async def test_closing_a_stream_releases_its_unacked_deliveries_at_once(
         await until(lambda: pending(raft, topic, "g") == (3, 0))
 
 
+async def test_auto_extend_keeps_a_slow_handlers_message_in_flight(
+    server: tuple[LocalRaft, str],
+) -> None:
+    raft, url = server
+    topic = name()
+    async with AsyncClient(url) as c:
+        await c.create_topic(topic, groups=[{"group": "g", "config": {"visibility_timeout": 1}}])
+        await c.publish(topic, b"slow")
+        async for msg in c.consume(topic, "g", prefetch=1, wait=1, auto_extend=True):
+            await asyncio.sleep(2.5)  # well past the 1 s visibility timeout
+            assert pending(raft, topic, "g") == (0, 1)
+            await msg.ack()  # still its delivery: not stale
+            break
+        stats = raft.read(lambda b: b.group_stats(topic, "g"))
+        assert stats["acked_total"] == 1 and stats["timed_out_total"] == 0
+
+
 async def test_sync_client_twin(server: tuple[LocalRaft, str]) -> None:
     raft, url = server
     topic = name()
