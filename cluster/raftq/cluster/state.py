@@ -498,6 +498,7 @@ class Broker:
         batch_keys: dict[str, int] = {}
         results: list[dict[str, Any]] = []
         add_bytes = 0
+        first = t.next_seq  # staged messages get first, first + 1, ... in order
         for i, m in enumerate(msgs_in):
             if type(m) is not dict and not isinstance(m, Mapping):
                 raise InvalidArgument(f"messages[{i}] must be a map", field="messages")
@@ -523,12 +524,12 @@ class Broker:
                     results.append({"seq": prior[0], "duplicate": True})
                     continue
                 if key in batch_keys:
-                    results.append({"seq": -batch_keys[key] - 1, "duplicate": True})
+                    results.append({"seq": batch_keys[key], "duplicate": True})
                     continue
-                batch_keys[key] = len(staged)
+                batch_keys[key] = first + len(staged)
             delay = m.get("delay")
             delay_ms = 0 if delay is None else v.seconds_ms(delay, "delay", 0, v.MAX_DELAY_S)
-            results.append({"seq": -len(staged) - 1, "duplicate": False})
+            results.append({"seq": first + len(staged), "duplicate": False})
             staged.append((payload, hdrs, key, delay_ms))
             add_bytes += size
         max_n, max_b = cfg["max_messages"], cfg["max_bytes"]
@@ -556,7 +557,6 @@ class Broker:
                 max_messages=max_n,
                 max_bytes=max_b,
             )
-        first = t.next_seq
         groups = list(t.groups.values())
         ngroups = len(groups)
         tmsgs, trefs = t.msgs, t.refs
@@ -584,9 +584,6 @@ class Broker:
         t.bytes += add_bytes
         t.counters["published"] += n
         t.counters["duplicates"] += len(results) - n
-        for r in results:
-            if r["seq"] < 0:
-                r["seq"] = first - r["seq"] - 1
         if over:
             self._enforce_limits(t)
         return {"topic": t.name, "messages": results}
