@@ -35,6 +35,27 @@ def test_topic_with_the_same_group_twice_is_group_exists_and_not_created(h: Harn
     assert h.b.list_topics() == []
 
 
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"groups": "default"}, "groups"),
+        ({"groups": [5]}, "groups[]"),
+        ({"groups": [{"group": "bad name"}]}, "group"),
+        ({"groups": [{}]}, "group"),
+        ({"groups": [{"group": "a", "config": [1]}]}, "config"),
+        ({"groups": [{"group": "a", "config": {"max_attempts": -1}}]}, "max_attempts"),
+        ({"config": "big"}, "config"),
+    ],
+)
+def test_malformed_create_topic_is_invalid_argument_and_creates_nothing(
+    h: Harness, fields: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(E.InvalidArgument) as ei:
+        h("create_topic", topic="t", **fields)
+    assert ei.value.field == field  # type: ignore[attr-defined]
+    assert h.b.list_topics() == []
+
+
 def test_topic_config_defaults(h: Harness) -> None:
     h.topic("t")
     assert h.b.topic_stats("t")["config"] == {
@@ -362,6 +383,7 @@ def test_batch_larger_than_the_limit_is_rejected_even_for_drop_oldest(h: Harness
         [{"payload": b"x", "headers": {"k": 1}}],
         [{"payload": b"x", "headers": ["k"]}],
         [{"payload": b"x", "headers": {str(i): "v" for i in range(65)}}],
+        [{"payload": b"x", "headers": {"k": "v" * 4097}}],
         [{"payload": b"x", "key": 5}],
         [{"payload": b"x", "key": "k" * 257}],
         [{"payload": b"x", "delay": -1}],
