@@ -1012,6 +1012,9 @@ def test_every_error_code_round_trips_through_its_wire_form() -> None:
         assert back.code == code
         assert (back.message, back.details) == ("boom", {"topic": "t", "size": 3})
     assert type(E.from_wire({"code": "what"})) is E.BrokerError
+    odd = E.from_wire({"code": "topic_full", "message": "m", "details": {"message": 1, "code": 2}})
+    assert (type(odd), odd.code, odd.message) == (E.TopicFull, "topic_full", "m")
+    assert type(E.from_wire({"code": "topic_full", "details": [1]})) is E.TopicFull
     assert issubclass(E.ReceiptStale, E.ReceiptError)
     assert issubclass(E.MessageTooLarge, E.InvalidArgument)
 

@@ -38,10 +38,14 @@ class BrokerError(Exception):
         self.message = message
         self.details: dict[str, Any] = details
         for key, value in details.items():
-            setattr(self, key, value)
+            if key not in _RESERVED:
+                setattr(self, key, value)
 
     def to_wire(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "details": self.details}
+
+
+_RESERVED = frozenset(["code", "message", "details", "args", "to_wire", "with_traceback"])
 
 
 class InvalidArgument(BrokerError):
@@ -111,4 +115,7 @@ ERRORS_BY_CODE: dict[str, type[BrokerError]] = {cls.code: cls for cls in _ALL_ER
 def from_wire(data: dict[str, Any]) -> BrokerError:
     """Rebuild an error from its wire form (used where results cross a process boundary)."""
     cls = ERRORS_BY_CODE.get(str(data.get("code")), BrokerError)
-    return cls(str(data.get("message", "")), **dict(data.get("details") or {}))
+    details = data.get("details")
+    details = dict(details) if isinstance(details, dict) else {}
+    details.pop("message", None)
+    return cls(str(data.get("message", "")), **{str(k): v for k, v in details.items()})
