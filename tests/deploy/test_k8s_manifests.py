@@ -31,7 +31,8 @@ def docs() -> dict[str, dict[str, Any]]:
 
 def container(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     [c] = docs["StatefulSet/raftq"]["spec"]["template"]["spec"]["containers"]
-    return c
+    result: dict[str, Any] = c
+    return result
 
 
 def env(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -41,7 +42,8 @@ def env(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def node_help() -> str:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    return str(sub.choices["node"].format_help())  # type: ignore[attr-defined]
+    choices: Any = sub.choices
+    return str(choices["node"].format_help())
 
 
 def test_every_manifest_is_listed_in_the_kustomization() -> None:
