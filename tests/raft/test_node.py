@@ -111,6 +111,9 @@ async def test_single_node_proposals_resolve_with_results_concurrently() -> None
             await node.propose([pub("t", b"x" * (5 << 20))])
         st = node.status()
         assert (st.role, st.leader_id) == ("leader", "n1")
+        t0 = time.monotonic()
+        assert not await node.transfer_leadership(5.0)  # nobody to hand over to
+        assert time.monotonic() - t0 < 0.5
         assert st.applied_index == st.commit_index
     finally:
         await ns.close()

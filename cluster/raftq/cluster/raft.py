@@ -1054,6 +1054,8 @@ class RaftNode:
     async def transfer_leadership(self, timeout: float = 5.0) -> bool:
         """Hand leadership to the most caught-up follower; True once another node leads."""
         deadline = time.monotonic() + timeout
+        if self._b is None or not self._b.otherNodes:
+            return False  # nobody to hand over to
         while time.monotonic() < deadline:
             if not self.is_leader():
                 return self._leader()[0] not in (None, self.config.node_id)
