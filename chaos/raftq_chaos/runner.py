@@ -301,6 +301,7 @@ async def _run(scenario: Scenario, cluster: Cluster, history: History, report: R
             _, pending = await asyncio.wait(tasks, timeout=wcfg.client_timeout * 2 + 5)
             for t in pending:
                 t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     exc = t.exception() if t.done() and not t.cancelled() else None
