@@ -369,6 +369,20 @@ class AsyncClient:
     ) -> int:
         """Publish one message; returns its sequence number once it is committed. Retries are
         deduplicated. Concurrent calls share batch requests (see ``_coalesce``)."""
+        return await self.publish_nowait(topic, payload, headers=headers, key=key, delay=delay)
+
+    def publish_nowait(
+        self,
+        topic: str,
+        payload: bytes | str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        key: str | None = None,
+        delay: float | None = None,
+    ) -> asyncio.Future[int]:
+        """Like ``publish``, without waiting: returns a future of the sequence number (as NATS
+        ``publish_async``). Many outstanding futures share batch requests; bound how many you
+        keep in flight yourself. Call it from a running event loop."""
         message = core.message_body(self.producer, payload, headers, key, delay)
         coalescer = self._coalescers.get(topic)
         if coalescer is None:
@@ -376,11 +390,11 @@ class AsyncClient:
             async def send(messages: list[dict[str, Any]]) -> list[Any]:
                 p = core.path("topics", topic, "publish")
                 res = await self.request(core.Request("POST", p, {"messages": messages}))
-                return list(res["messages"])
+                return [int(m["seq"]) for m in res["messages"]]
 
             coalescer = self._coalescers[topic] = Coalescer(send)
-        res = await coalescer.submit(message)
-        return int(res["seq"])
+        fut: asyncio.Future[int] = coalescer.submit_nowait(message)
+        return fut
 
     async def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
         """Publish payloads (or dicts with payload/headers/key/delay) as one request."""

@@ -39,10 +39,15 @@ class Coalescer:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def submit(self, message: dict[str, Any]) -> Any:
+        return await self.submit_nowait(message)
+
+    def submit_nowait(self, message: dict[str, Any]) -> asyncio.Future[Any]:
+        """Queue ``message``; the future resolves with its result (cancel it to unsend it while
+        it is still queued)."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append((message, len(message["payload"]) + 64, fut))
         self._kick()
-        return await fut
+        return fut
 
     def _kick(self) -> None:
         while self._queue and self._inflight < self.max_inflight:

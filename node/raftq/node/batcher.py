@@ -1,9 +1,10 @@
 """Group commit: gather commands from concurrent requests into one Raft entry.
 
 ``submit(command)`` queues a command and resolves with its own result once the entry carrying it
-is committed and applied. The run loop takes whatever is queued (after a short linger, up to
-``max_ops`` commands or ``max_bytes``) and proposes it as one entry, with up to ``max_inflight``
-proposes outstanding at once, so throughput is not bounded by one replication round trip.
+is committed and applied. The run loop takes whatever is queued (at once when nothing is in
+flight, else after a short linger; up to ``max_ops`` commands or ``max_bytes``) and proposes it
+as one entry, with up to ``max_inflight`` proposes outstanding at once, so throughput is not
+bounded by one replication round trip.
 A request cancelled before its command was proposed is dropped from the batch: its outcome is
 then "not done", which keeps every outcome definite.
 """
@@ -80,7 +81,9 @@ class Batcher:
                 while not self._queue:
                     self._wake.clear()
                     await self._wake.wait()
-                if self.linger and len(self._queue) < self.max_ops:
+                # Natural batching: with nothing in flight, send at once (a lone request pays no
+                # linger); while entries are in flight, linger so the next one carries more.
+                if self._tasks and self.linger and len(self._queue) < self.max_ops:
                     await asyncio.sleep(self.linger)
                 batch = self._take()
             except BaseException:

@@ -28,14 +28,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from raftq.client import AsyncClient, RaftqError
-from raftq.node.devcluster import node_command, wait_for_leader
+from raftq.node.devcluster import get_json, node_command, wait_for_leader
 
-CASES = "a,b,c,d,e,f"
+CASES = "a,b,c,d,e,f"  # and "m": memory and restart with --m-messages queued (not by default)
 # raftq case -> the NATS anchor case it is compared with.
 NATS_CASE = {"a": "(a) sync publish", "b": "(b) pipelined publish", "c": "(b) pipelined publish",
              "d": "(c) pull fetch"}  # fmt: skip
@@ -49,6 +50,7 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--secs", type=float, default=5.0, help="time bound of each timed case")
     p.add_argument("--n", type=int, default=20_000, help="messages for (b), (c) and (d)")
     p.add_argument("--window", type=int, default=1000, help="publishes in flight for (b)")
+    p.add_argument("--m-messages", type=int, default=1_000_000, help="queued messages for (m)")
     p.add_argument("--fsync", choices=["always", "never"], default="always")
     p.add_argument("--nats", metavar="DIR", help="perf-anchor scripts dir: also run NATS")
     p.add_argument("--out", default="bench-results.json", help="where to write JSON")
@@ -123,7 +125,7 @@ class LocalCluster:
                 pass
         return out
 
-    def stop(self) -> None:
+    def stop(self, remove: bool = True) -> None:
         for p in self.procs.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
@@ -133,7 +135,25 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.procs.clear()
+        if remove:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def all_ready(self, timeout: float) -> bool:
+        """Every node answers /readyz 200: a leader is known and it has applied what is
+        committed."""
+        deadline = time.monotonic() + timeout
+        pending = [n["api"] for n in self.layout]
+        while pending and time.monotonic() < deadline:
+            for api in list(pending):
+                try:
+                    if get_json(f"http://{api}/readyz", 0.5).get("ready"):
+                        pending.remove(api)
+                except (OSError, ValueError):
+                    pass
+            if pending:
+                time.sleep(0.02)
+        return not pending
 
 
 # ---------------------------------------------------------------------- measurement
@@ -180,7 +200,7 @@ class Results:
             if "p50_ms" in rs[0]:
                 s["median_p50_ms"] = statistics.median(r["p50_ms"] for r in rs)
                 s["median_p99_ms"] = statistics.median(r["p99_ms"] for r in rs)
-            for k in ("unavailable_s",):
+            for k in ("unavailable_s", "rss_mb_max", "restart_ready_s", "restart_publish_s"):
                 if k in rs[0]:
                     s[f"median_{k}"] = statistics.median(r[k] for r in rs)
                     s[f"max_{k}"] = max(r[k] for r in rs)
@@ -221,6 +241,30 @@ async def pipelined(
     return time.perf_counter() - t0, lats
 
 
+async def windowed(
+    n: int, window: int, start: Callable[[], asyncio.Future[Any]]
+) -> tuple[float, list[float]]:
+    """``n`` operations started without awaiting (as NATS ``publish_async``), at most ``window``
+    outstanding; latency = start to completion of each."""
+    lats: list[float] = []
+    outstanding: deque[asyncio.Future[Any]] = deque()
+    clock = time.perf_counter
+
+    def timer(t: float) -> Callable[[asyncio.Future[Any]], None]:
+        return lambda f: lats.append(clock() - t)
+
+    t0 = clock()
+    for _ in range(n):
+        while len(outstanding) >= window:
+            await outstanding.popleft()
+        f = start()
+        f.add_done_callback(timer(clock()))
+        outstanding.append(f)
+    for f in outstanding:
+        await f
+    return clock() - t0, lats
+
+
 async def run_cases(cl: LocalCluster, args: argparse.Namespace, res: Results) -> None:
     cases = set(args.cases.split(","))
     for size in [int(s) for s in args.sizes.split(",")]:
@@ -234,6 +278,8 @@ async def run_cases(cl: LocalCluster, args: argparse.Namespace, res: Results) ->
         for run in range(1, args.runs + 1):
             gap = await failover(cl)
             res.add("(f) publishes resume after leader kill", run, 1, 1.0, unavailable_s=gap)
+    if "m" in cases:
+        await memory_and_restart(cl, args, res)
 
 
 async def one_run(
@@ -259,7 +305,7 @@ async def one_run(
         res.add(f"(a) sync publish {label}", run, n, secs, lats)
         await c.purge(topic)
     if "b" in cases:
-        secs, lats = await pipelined(args.n, args.window, publish)
+        secs, lats = await windowed(args.n, args.window, lambda: c.publish_nowait(topic, payload))
         res.add(f"(b) pipelined publish {label} (window {args.window})", run, args.n, secs, lats)
     if "c" in cases:
         reqs = max(1, args.n // 100)
@@ -278,6 +324,10 @@ async def one_run(
             got += 1
             if got >= backlog:
                 break
+        # As the NATS anchor: the clock stops when the acks are applied (the topic is empty).
+        deadline = time.perf_counter() + 30
+        while int((await c.topic(topic))["messages"]) and time.perf_counter() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
         res.add(f"(d) consume+ack {label} (stream, prefetch 100)", run, got,
                 time.perf_counter() - t0)  # fmt: skip
     if "e" in cases:
@@ -309,8 +359,11 @@ async def end_to_end(c: AsyncClient, topic: str, payload: bytes, secs: float) ->
         sent[seq] = t
         await asyncio.sleep(0.002)
     done.set()
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(task, 10)
+    if len(lats) < len(sent):
+        await asyncio.wait({task}, timeout=10)  # the loop returns once it has seen them all
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
     return lats
 
 
@@ -335,6 +388,46 @@ async def failover(cl: LocalCluster) -> float:
     cl.start(leader)
     cl.leader()
     return gap
+
+
+async def memory_and_restart(cl: LocalCluster, args: argparse.Namespace, res: Results) -> None:
+    """(m) ``--m-messages`` 100 B messages queued in one topic: RSS of every node, then a restart
+    of the whole cluster (SIGTERM, start): seconds until every node is ready (leader known,
+    caught up) and until a publish succeeds; RSS again after the restart."""
+    n, per = args.m_messages, 1000
+    topic = f"memory-{os.getpid()}"
+    payload = b"m" * 100
+    async with AsyncClient(cl.url_of(cl.leader()), timeout=60) as c:
+        await c.create_topic(topic)
+        reqs = -(-n // per)
+        t0 = time.perf_counter()
+        await pipelined(reqs, 4, lambda: c.publish_batch(topic, [payload] * per))
+        fill = time.perf_counter() - t0
+        queued = int((await c.topic(topic))["messages"])
+    await asyncio.sleep(2)  # let followers apply and the allocator settle
+    rss = cl.rss_mb()
+    print(f"  [raftq] (m) {queued} queued in {fill:.1f}s; RSS MB {rss}", flush=True)
+    t0 = time.perf_counter()
+    cl.stop(remove=False)
+    stop_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    cl.start()
+    ready = await asyncio.to_thread(cl.all_ready, 120)
+    ready_s = time.perf_counter() - t0
+    async with AsyncClient(cl.urls(), timeout=60) as c:
+        await c.publish(topic, payload)
+        publish_s = time.perf_counter() - t0
+        after = int((await c.topic(topic))["messages"])
+    rss_after = cl.rss_mb()
+    res.add(f"(m) {n} x 100B queued: RSS, restart", 1, queued, fill,
+            rss_mb_max=max(rss.values()), rss_mb=rss, stop_s=stop_s, restart_ready_s=ready_s,
+            all_ready=ready, restart_publish_s=publish_s, after_restart=after,
+            rss_mb_after_restart=rss_after)  # fmt: skip
+    print(
+        f"  [raftq] (m) stop {stop_s:.1f}s; restart: all ready {ready_s:.2f}s (ok={ready}), "
+        f"first publish {publish_s:.2f}s; {after} queued; RSS MB after {rss_after}",
+        flush=True,
+    )
 
 
 # ---------------------------------------------------------------------- NATS side by side
@@ -409,6 +502,10 @@ async def run(args: argparse.Namespace) -> int:
         if "median_unavailable_s" in s:
             extra = (f" unavailable median {s['median_unavailable_s']:.2f} s, "
                      f"max {s['max_unavailable_s']:.2f} s")  # fmt: skip
+        if "median_rss_mb_max" in s:
+            extra = (f" RSS max {s['median_rss_mb_max']:.0f} MB/node, restart->all ready "
+                     f"{s['median_restart_ready_s']:.2f} s, ->publish "
+                     f"{s['median_restart_publish_s']:.2f} s")  # fmt: skip
         print(f"{s['case']:52s} {s['median_rate']:10.0f}/s "
               f"({s['min_rate']:.0f}..{s['max_rate']:.0f}){lat}{extra}")  # fmt: skip
     if table:
