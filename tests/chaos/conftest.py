@@ -12,17 +12,19 @@ CHAOS_ROOT = Path(__file__).resolve().parents[2] / "chaos"
 if str(CHAOS_ROOT) not in sys.path:
     sys.path.insert(0, str(CHAOS_ROOT))
 
-SUMMARIES = pytest.StashKey[list[str]]()
+from raftq_chaos.runner import Report, summary_table  # noqa: E402
+
+REPORTS = pytest.StashKey[list[Report]]()
 
 
 @pytest.fixture
-def chaos_summaries(request: pytest.FixtureRequest) -> list[str]:
-    return request.config.stash.setdefault(SUMMARIES, [])
+def chaos_reports(request: pytest.FixtureRequest) -> list[Report]:
+    """Scenario tests append their reports; one table is printed at the end."""
+    return request.config.stash.setdefault(REPORTS, [])
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    tables = terminalreporter.config.stash.get(SUMMARIES, [])
-    if tables:
+    reports = terminalreporter.config.stash.get(REPORTS, [])
+    if reports:
         terminalreporter.section("chaos summary")
-        for table in tables:
-            terminalreporter.write_line(table)
+        terminalreporter.write_line(summary_table(reports))

@@ -65,11 +65,11 @@ SCENARIOS = [
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
-def test_scenario_keeps_every_invariant(scenario: Scenario, chaos_summaries: list[str]) -> None:
+def test_scenario_keeps_every_invariant(scenario: Scenario, chaos_reports: list[Report]) -> None:
     scenario.seed = SEED
     root = OUT / f"{scenario.name}-seed{SEED}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     report = asyncio.run(run(scenario, root))
-    chaos_summaries.append(summary_table([report]))
+    chaos_reports.append(report)
     if not report.ok:
         pytest.fail(report.failure() + "\n" + summary_table([report]), pytrace=False)
     shutil.rmtree(root, ignore_errors=True)
