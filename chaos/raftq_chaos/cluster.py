@@ -29,6 +29,10 @@ API_PORT = 8000
 RAFT_PORT = 9000
 
 
+class NodeExited(RuntimeError):
+    """A node process we wait for is gone: waiting longer cannot help."""
+
+
 @dataclass
 class Node:
     id: str
@@ -241,6 +245,8 @@ class Cluster:
                 if value:
                     return value
                 last = value
+            except NodeExited:
+                raise
             except Exception as e:
                 last = e
             if time.monotonic() >= deadline:
@@ -257,7 +263,7 @@ class Cluster:
         async def up() -> bool:
             node = self.nodes[nid]
             if not node.alive:
-                raise RuntimeError(f"{nid} exited:\n{self.tail(nid)}")
+                raise NodeExited(f"{nid} exited:\n{self.tail(nid)}")
             return await self.status(nid, 1.0) is not None
 
         await self.wait(f"{nid} to answer /cluster", up, timeout)

@@ -122,3 +122,24 @@ def test_a_run_killed_before_cleanup_is_swept_by_the_next() -> None:
 
 def subprocess_out(*argv: str) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+def test_a_failed_run_still_removes_its_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import tempfile
+
+    from raftq_chaos.cluster import Cluster
+    from raftq_chaos.runner import Scenario, run
+
+    def broken(self: Cluster, node: object) -> list[str]:
+        return ["false"]  # the node process exits at once
+
+    monkeypatch.setattr(Cluster, "command", broken)
+    before = set(subprocess_out("ip", "netns", "list").split())
+    with tempfile.TemporaryDirectory() as d:
+        report = asyncio.run(run(Scenario("broken", nodes=3, faults=[]), Path(d)))
+    assert report.error is not None and "exited" in report.error
+    assert not report.ok
+    new = set(subprocess_out("ip", "netns", "list").split()) - before
+    assert not [ns for ns in new if ns.startswith("rq")]
+    assert "seed=0" in report.failure()
