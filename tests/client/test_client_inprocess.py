@@ -113,6 +113,19 @@ async def test_a_retried_publish_with_the_same_key_is_stored_once(
     assert raft.read(lambda br: br.topic_stats(topic))["messages"] == 1
 
 
+async def test_publishes_started_without_waiting_each_get_their_own_sequence(
+    server: tuple[LocalRaft, str],
+) -> None:
+    raft, url = server
+    topic = name()
+    async with AsyncClient(url) as c:
+        await c.create_topic(topic)
+        futures = [c.publish_nowait(topic, f"m{i}") for i in range(50)]
+        seqs = [await f for f in futures]
+    assert seqs == list(range(1, 51))  # in the order started, one message each
+    assert raft.read(lambda br: br.topic_stats(topic))["messages"] == 50
+
+
 async def test_leaving_a_consume_loop_releases_what_it_prefetched(
     server: tuple[LocalRaft, str],
 ) -> None:

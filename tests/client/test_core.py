@@ -124,3 +124,13 @@ def test_a_leader_hint_we_could_not_reach_is_ignored_during_the_cooldown() -> No
     now[0] = 3.0
     ep.learn("inside-docker:8000")
     assert ep.pick() == "http://inside-docker:8000"
+
+
+def test_no_leader_from_a_live_node_is_polled_often() -> None:
+    req = core.Request("POST", "/x", idempotent=True)
+    no_leader = errors.error_from_body(503, {"code": "no_leader", "message": "election"})
+    assert isinstance(no_leader, errors.Unavailable) and no_leader.server_code == "no_leader"
+    assert core.retry_delay(no_leader, req, 10, 5.0) == pytest.approx(core.NO_LEADER_CAP, rel=0.5)
+    down = errors.error_from_body(503, {"code": "overloaded", "message": "busy"})
+    delay = core.retry_delay(down, req, 10, 5.0)
+    assert delay is not None and delay >= core.BACKOFF_CAP / 2

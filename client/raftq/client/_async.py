@@ -249,7 +249,7 @@ class AsyncClient:
                 return await self._send(url, wire, min(remaining, self.attempt_timeout + req.hold))
             except RaftqError as err:
                 last = err
-                if isinstance(err, Unavailable):
+                if core.node_failed(err):
                     self.endpoints.failed(url)
                 delay = core.retry_delay(err, req, attempt, end - time.monotonic())
                 if delay is None:

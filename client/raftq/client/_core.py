@@ -34,6 +34,9 @@ JSON = "application/json"
 MAX_REDIRECTS = 3
 BACKOFF_BASE = 0.05
 BACKOFF_CAP = 1.0
+# A live node said "no leader": an election is under way and ends within about one election
+# timeout, so poll it often (a 1 s backoff made a 1.3 s election look like 2 s to publishers).
+NO_LEADER_CAP = 0.15
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,15 @@ def retry_delay(err: RaftqError, req: Request, attempt: int, remaining: float) -
         return None
     if not isinstance(err, Unavailable) or remaining <= 0:
         return None
-    delay: float = min(BACKOFF_CAP, BACKOFF_BASE * (2**attempt)) * random.uniform(0.5, 1.0)
+    cap = NO_LEADER_CAP if err.server_code == "no_leader" else BACKOFF_CAP
+    delay: float = min(cap, BACKOFF_BASE * (2**attempt)) * random.uniform(0.5, 1.0)
     return min(delay, remaining)
+
+
+def node_failed(err: RaftqError) -> bool:
+    """Pass over this node for a while? Not when it answered "no leader": it is alive and will
+    forward to the leader (or name it) as soon as the election is over."""
+    return isinstance(err, Unavailable) and err.server_code != "no_leader"
 
 
 def deadline_error(last: RaftqError | None, req: Request, timeout: float) -> RaftqError:

@@ -102,7 +102,7 @@ class Client:
                 return self._send(url, wire, min(remaining, self.attempt_timeout + req.hold))
             except RaftqError as err:
                 last = err
-                if isinstance(err, Unavailable):
+                if core.node_failed(err):
                     self.endpoints.failed(url)
                 delay = core.retry_delay(err, req, attempt, end - time.monotonic())
                 if delay is None:

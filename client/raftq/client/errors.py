@@ -43,8 +43,14 @@ class RaftqError(Exception):
         self.message = message
         self.status = status
         self.details: dict[str, Any] = dict(details or {})
+        self.server_code: str | None = None  # the server's code, when a server answered
         for key, value in self.details.items():
-            if not hasattr(type(self), key) and key not in ("message", "status", "details"):
+            if not hasattr(type(self), key) and key not in (
+                "message",
+                "status",
+                "details",
+                "server_code",
+            ):
                 setattr(self, key, value)
 
 
@@ -150,7 +156,9 @@ def error_from_body(status: int, body: Any) -> RaftqError:
         if cls is None:
             cls = _by_status(status)
         details = body.get("details") if isinstance(body.get("details"), dict) else {}
-        return cls(str(body.get("message") or code), status=status, details=details)
+        err = cls(str(body.get("message") or code), status=status, details=details)
+        err.server_code = code
+        return err
     return _by_status(status)(f"HTTP {status}", status=status)
 
 

@@ -140,16 +140,24 @@ class LocalCluster:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def all_ready(self, timeout: float) -> bool:
-        """Every node answers /readyz 200: a leader is known and it has applied what is
-        committed."""
+        """Every node answers /readyz 200 and has applied the leader's commit index as it was
+        when the leader was first seen (a restarted follower replays its journal first)."""
         deadline = time.monotonic() + timeout
         pending = [n["api"] for n in self.layout]
+        target: int | None = None
         while pending and time.monotonic() < deadline:
             for api in list(pending):
                 try:
-                    if get_json(f"http://{api}/readyz", 0.5).get("ready"):
+                    st = get_json(f"http://{api}/cluster", 0.5)
+                    if target is None and st.get("role") == "leader":
+                        target = int(st["commit_index"])
+                    if (
+                        target is not None
+                        and int(st.get("applied_index", -1)) >= target
+                        and get_json(f"http://{api}/readyz", 0.5).get("ready")
+                    ):
                         pending.remove(api)
-                except (OSError, ValueError):
+                except (OSError, ValueError, KeyError, TypeError):
                     pass
             if pending:
                 time.sleep(0.02)
