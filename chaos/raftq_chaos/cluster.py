@@ -65,8 +65,9 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, net: Net, root: Path, fsync: str = "never") -> None:
+    def __init__(self, net: Net, root: Path, fsync: str = "never", probe: bool = True) -> None:
         self.net = net
+        self.probe = probe  # run nodes through node_shim (adds GET /chaos/digest)
         self.root = root
         self.fsync = fsync
         self.secret = secrets.token_urlsafe(16)
@@ -86,8 +87,9 @@ class Cluster:
 
     def command(self, node: Node) -> list[str]:
         peers = ",".join(f"{o.id}={o.raft}/{o.api}" for o in self.nodes.values() if o.id != node.id)
+        entry = "raftq_chaos.node_shim" if self.probe else "raftq.node"
         argv = [
-            sys.executable, "-m", "raftq.node", "node", "--id", node.id, "--listen", node.api,
+            sys.executable, "-m", entry, "node", "--id", node.id, "--listen", node.api,
             "--raft", node.raft, "--peers", peers, "--data-dir", str(node.data_dir / "data"),
             "--fsync", self.fsync, "--log-level", "INFO",
         ]  # fmt: skip
@@ -101,6 +103,10 @@ class Cluster:
             log.write(f"---- start {node.starts + 1} at {time.time():.3f}\n".encode())
             log.flush()
             env = dict(os.environ, RAFTQ_SECRET=self.secret, PYTHONUNBUFFERED="1")
+            chaos_root = str(Path(__file__).resolve().parents[1])
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (chaos_root, os.environ.get("PYTHONPATH")) if p
+            )
             node.proc = subprocess.Popen(
                 self.command(node),
                 stdout=log,
@@ -217,6 +223,26 @@ class Cluster:
                 name, _, value = line.rpartition(" ")
                 out[name] = float(value)
         return out
+
+    async def digest(self, nid: str, timeout: float = 5.0) -> dict[str, Any] | None:
+        """This replica's ``{"digest", "applied_index"}`` from ``GET /cluster?digest=1`` when
+        the node reports one, else from the shim's ``GET /chaos/digest``; None if neither."""
+        st = await self.status(nid, timeout)
+        if st is not None and "digest" in st:
+            return {"digest": st["digest"], "applied_index": st.get("applied_index")}
+        node = self.nodes[nid]
+        if not node.alive or node.paused:
+            return None
+        try:
+            async with self.session().get(
+                node.url + "/chaos/digest", timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as r:
+                if r.status != 200:
+                    return None
+                body: dict[str, Any] = await r.json()
+                return body
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
 
     async def statuses(self) -> dict[str, dict[str, Any] | None]:
         ids = list(self.nodes)

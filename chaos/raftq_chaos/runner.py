@@ -171,18 +171,23 @@ def _down(st: dict[str, Any]) -> list[str]:
 
 
 async def check_digests(cluster: Cluster, timeout: float = 30.0) -> tuple[bool | str, str]:
-    """Every replica reaches the same applied index and state digest (``digest`` in
-    ``GET /cluster``); "not exposed" when the node does not report a digest."""
+    """Every replica reaches the same state digest (``Broker.digest()``, from ``GET
+    /cluster?digest=1`` or the shim's ``GET /chaos/digest``); "not exposed" when no node
+    reports one."""
     last = ""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        st = await cluster.statuses()
-        if any(s is not None and "digest" not in s for s in st.values()):
-            applied = {n: s.get("applied_index") for n, s in st.items() if s}
-            return "not exposed", f"GET /cluster has no digest; applied indexes {applied}"
-        seen = {n: (s.get("applied_index"), s.get("digest")) for n, s in st.items() if s}
-        last = f"(applied_index, digest) per node: {seen}"
-        if len(seen) == len(cluster.nodes) and len(set(seen.values())) == 1:
+        ids = list(cluster.nodes)
+        got = await asyncio.gather(*(cluster.digest(n) for n in ids))
+        seen = {n: d for n, d in zip(ids, got, strict=True) if d is not None}
+        if not seen:
+            st = await cluster.statuses()
+            if all(st.values()):  # every node answers, none reports a digest
+                return "not exposed", "neither GET /cluster nor /chaos/digest has a digest"
+        last = "; ".join(
+            f"{n}: {d['digest'][:12]}@{d.get('applied_index')}" for n, d in seen.items()
+        )
+        if len(seen) == len(ids) and len({d["digest"] for d in seen.values()}) == 1:
             return True, last
         await asyncio.sleep(0.3)
     return False, last
