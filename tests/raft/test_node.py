@@ -395,3 +395,32 @@ async def test_a_failed_snapshot_keeps_the_journal_and_the_node_serving(tmp_path
         assert node.read(lambda b: b.topic_stats("t")["messages"]) == 61
     finally:
         await ns.close()
+
+
+async def test_a_crash_between_snapshot_and_compaction_keeps_later_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot is durable before the journal is compacted. Restarting in between, pysyncobj
+    found a journal head that did not match the snapshot and dropped the WHOLE journal,
+    committed entries after the snapshot included."""
+    ns = Nodes(tmp_path, 1)
+    node = ns.start("n1")
+    try:
+        await ns.leader()
+        await node.propose([{"op": "create_topic", "topic": "t"}])
+        for i in range(20):
+            await node.propose([pub("t", b"a%d" % i)])
+        # The crash window, held open: the snapshot is written, the journal never compacted.
+        assert node._journal is not None
+        monkeypatch.setattr(node._journal, "deleteEntriesTo", lambda entry_to: None)
+        node.force_compaction()
+        await until("a snapshot", lambda: node.stats["snapshots"] >= 1)
+        for i in range(5):
+            await node.propose([pub("t", b"b%d" % i)])
+        await ns.stop("n1")
+        node = ns.start("n1")
+        await ns.leader()
+        await node.propose([pub("t", b"c")])  # commits the new term's entries
+        assert node.read(lambda b: b.topic_stats("t")["messages"]) == 26
+    finally:
+        await ns.close()

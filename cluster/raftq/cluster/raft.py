@@ -64,6 +64,7 @@ from raftq.cluster.entry import apply_entry, encode_entry
 from raftq.cluster.state import Broker
 from raftq.cluster.storage import (
     Disk,
+    Entry,
     Journal,
     MetaStore,
     OsDisk,
@@ -270,6 +271,7 @@ class _Snapshots:
         self._mem_done = False
         self._started = 0.0
         self._retry_at = 0.0
+        self._loaded: tuple[Entry, Entry, list[Any], bytes] | None = None
         self._tx: dict[Any, tuple[bytes, int]] = {}
         self._rx: bytearray | None = None
         self.installed = False  # the next deserialize() is a snapshot install, not startup
@@ -343,17 +345,23 @@ class _Snapshots:
     def exists(self) -> bool:
         return self._read() is not None
 
+    def load(self) -> tuple[Entry, Entry, list[Any], bytes]:
+        """Read, check and decode the snapshot: (last entry, previous entry, nodes, state)."""
+        blob = self._read()
+        if blob is None:
+            raise StorageError(f"{self._path}: snapshot missing")
+        body = msgpack.unpackb(unseal(blob, str(self._path)), raw=False)
+        if not isinstance(body, list) or len(body) != 5 or body[0] != 1:
+            raise StorageCorrupt(f"{self._path}: unknown snapshot version")
+        _, last, prev, nodes, snap = body
+        last_e = (bytes(last[0]), int(last[1]), int(last[2]))
+        prev_e = (bytes(prev[0]), int(prev[1]), int(prev[2]))
+        return last_e, prev_e, nodes, snap
+
     def deserialize(self) -> tuple[Any, ...]:
         try:
-            blob = self._read()
-            if blob is None:
-                raise StorageError(f"{self._path}: snapshot missing")
-            body = msgpack.unpackb(unseal(blob, str(self._path)), raw=False)
-            if not isinstance(body, list) or body[0] != 1:
-                raise StorageCorrupt(f"{self._path}: unknown snapshot version")
-            _, last, prev, nodes, snap = body
-            last_e = (bytes(last[0]), int(last[1]), int(last[2]))
-            prev_e = (bytes(prev[0]), int(prev[1]), int(prev[2]))
+            loaded, self._loaded = self._loaded, None
+            last_e, prev_e, nodes, snap = loaded if loaded is not None else self.load()
             cluster = [_node(addr, nid, api) for addr, nid, api in nodes]
             self._owner._restore(snap, nodes, last_e[1], install=self.installed)
         except Exception as e:
@@ -568,7 +576,13 @@ class RaftNode:
         transport.setOnMessageReceivedCallback(self._on_message)
         self._notifier = PipeNotifier(b._poller)
         if self._snaps.exists():
-            b._SyncObj__loadDumpFile(clearJournal=False)
+            try:
+                self._snaps._loaded = loaded = self._snaps.load()
+            except StorageError as e:
+                self._fail(e)
+            else:
+                self._align_journal(journal, loaded[1], loaded[0])
+                b._SyncObj__loadDumpFile(clearJournal=False)
         elif journal[0][1] > 1:
             self._fail(
                 StorageCorrupt(
@@ -592,6 +606,17 @@ class RaftNode:
         b._SyncObj__raftElectionDeadline = monotonic() + b._SyncObj__generateRaftTimeout()
         self._thread = threading.Thread(target=self._run, name=f"raft-{cfg.node_id}", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def _align_journal(journal: Journal, prev: Entry, last: Entry) -> None:
+        """pysyncobj keeps the journal at startup only if it begins exactly with the snapshot's
+        last two entries, and otherwise throws ALL of it away, entries after the snapshot
+        included. A crash between writing a snapshot and compacting the journal leaves a
+        longer head, and the node lost acknowledged entries (found by the power-loss test).
+        Cut the head to the snapshot instead; keep everything after it."""
+        pos = prev[1] - journal[0][1]
+        if pos > 0 and pos + 1 < len(journal) and journal[pos] == prev and journal[pos + 1] == last:
+            journal.deleteEntriesTo(pos)
 
     def _run(self) -> None:
         b = self._b
