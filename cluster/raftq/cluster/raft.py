@@ -15,7 +15,8 @@ What it changes in pysyncobj 0.3.17, through its extension points only:
 * snapshots: ``_Snapshots`` replaces pysyncobj's serializer: msgpack through
   ``Broker.snapshot/restore``, written by a forked child (the tick thread never blocks on a
   large state), sealed with a CRC, temp file + fsync + rename + dir fsync; a snapshot that
-  fails to load stops the node;
+  fails to load stops the node; at startup the journal is cut to the snapshot instead of being
+  dropped whole when its head does not match (pysyncobj lost the entries after the snapshot);
 * acks: a stale ``next_node_idx`` no longer rewinds the follower's next index, and a follower
   receiving entries it already holds no longer truncates its log after them;
 * wire: pickle protocol 4, no compression, AES-GCM sealing (``_Sealer``) instead of Fernet; a
