@@ -23,14 +23,27 @@ from raftq_chaos.runner import Report, Scenario, run, summary_table
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m raftq_chaos", description=__doc__.split("\n")[0])
-    p.add_argument("--duration", type=float, default=float(os.environ.get("DURATION", 120)))
-    p.add_argument("--seed", type=int, default=int(os.environ.get("SEED", 0) or 0) or None)
-    p.add_argument("--nodes", type=int, default=int(os.environ.get("NODES", 3)))
-    p.add_argument("--runs", type=int, default=int(os.environ.get("RUNS", 1)))
-    p.add_argument("--faults", default=os.environ.get("FAULTS", "all"), help="comma list or all")
+    env = os.environ.get
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=float(env("DURATION", 120)),
+        help="seconds of faults per run [DURATION] (default 120)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=int(env("SEED", 0) or 0) or None,
+        help="seed of the first run [SEED] (default random; run i uses seed + i)",
+    )
+    p.add_argument(
+        "--nodes", type=int, default=int(env("NODES", 3)), help="cluster size [NODES] (3)"
+    )
+    p.add_argument("--runs", type=int, default=int(env("RUNS", 1)), help="runs [RUNS] (1)")
+    p.add_argument("--faults", default=env("FAULTS", "all"), help="comma list or all [FAULTS]")
     p.add_argument("--quiet", default="2,4", help="quiet period between faults, lo,hi seconds")
     p.add_argument("--hold", default="3,6", help="how long a fault lasts, lo,hi seconds")
-    p.add_argument("--out", default=os.environ.get("CHAOS_OUT"), help="run directory root")
+    p.add_argument("--out", default=env("CHAOS_OUT"), help="run directory root [CHAOS_OUT]")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         print("chaos runs need root (network namespaces)", file=sys.stderr)
