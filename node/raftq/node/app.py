@@ -783,19 +783,20 @@ class Api:
             await asyncio.wait(probes.values())
         for mid, m in members.items():
             m["answers"] = True if m.get("self") else probes[mid].result()
-        return codec.respond(
-            request,
-            {
-                "node": st.node_id,
-                "role": st.role,
-                "leader": st.leader_id,
-                "leader_api": st.leader_api,
-                "term": st.term,
-                "commit_index": st.commit_index,
-                "applied_index": st.applied_index,
-                "members": members,
-            },
-        )
+        body: dict[str, Any] = {
+            "node": st.node_id,
+            "role": st.role,
+            "leader": st.leader_id,
+            "leader_api": st.leader_api,
+            "term": st.term,
+            "commit_index": st.commit_index,
+            "applied_index": st.applied_index,
+            "members": members,
+        }
+        if request.query.get("digest") in ("1", "true"):
+            # Fingerprint of this replica's state (O(state): for checks, not for polling).
+            body["digest"] = self.raft.read(lambda b: b.digest())
+        return codec.respond(request, body)
 
     async def _probe(self, api: str | None) -> bool:
         if not api or self.session is None:
