@@ -471,6 +471,31 @@ async def test_stream_route_delivers_and_settles_over_websocket(
         assert res == {"type": "result", "id": 1, "result": {"acked": 1, "errors": []}}
 
 
+async def test_stream_batch_mode_sends_one_frame_per_receive_and_tops_up_in_bulk(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    _, client = node
+    topic = await make_topic(client)
+    for i in range(12):
+        await post(client, f"/topics/{topic}/messages", {"payload": b64(b"m%d" % i)})
+    path = f"/topics/{topic}/groups/default/stream?format=json&batch=1&prefetch=8"
+    async with client.ws_connect(path) as ws:
+        frame = await asyncio.wait_for(ws.receive_json(), 5)
+        assert frame["type"] == "deliveries"
+        first = frame["deliveries"]
+        assert [base64.b64decode(d["payload"]) for d in first] == [b"m%d" % i for i in range(8)]
+        # One ack frees less than a quarter of prefetch: nothing more comes until two are free.
+        await ws.send_json({"id": None, "op": "ack", "receipts": [first[0]["receipt"]]})
+        await ws.send_json({"id": 1, "op": "ack", "receipts": [first[1]["receipt"]]})
+        frames = [await asyncio.wait_for(ws.receive_json(), 5) for _ in range(2)]
+        frames.sort(key=lambda f: f["type"])
+        assert frames[0]["type"] == "deliveries" and frames[1]["type"] == "result"
+        assert [base64.b64decode(d["payload"]) for d in frames[0]["deliveries"]] == [
+            b"m8",
+            b"m9",
+        ]
+
+
 async def test_many_long_polls_one_message_exactly_one_gets_it(
     node: tuple[LocalRaft, Client],
 ) -> None:

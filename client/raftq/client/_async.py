@@ -117,6 +117,10 @@ class _Stream:
                 if kind == "delivery":
                     self.deliveries.put_nowait(obj["delivery"])
                     continue
+                if kind == "deliveries":
+                    for d in obj["deliveries"]:
+                        self.deliveries.put_nowait(d)
+                    continue
                 fut = self._calls.pop(obj.get("id"), None)
                 if fut is None or fut.done():
                     continue
@@ -484,7 +488,7 @@ class AsyncClient:
         visibility: float | None,
         auto_extend: bool,
     ) -> AsyncIterator[AsyncMessage]:
-        query = f"?prefetch={int(prefetch)}"
+        query = f"?prefetch={int(prefetch)}&batch=1"
         if visibility is not None:
             query += f"&visibility={float(visibility)}"
         p = core.path("topics", topic, "groups", group, "stream") + query

@@ -1,11 +1,14 @@
 """Streaming consumers over WebSocket: ``GET /topics/{topic}/groups/{group}/stream``.
 
 Query: ``prefetch`` (1..1000, default 10), ``visibility`` (seconds, optional), ``format``
-(``msgpack``, the default: binary frames; or ``json``: text frames, payloads base64).
+(``msgpack``, the default: binary frames; or ``json``: text frames, payloads base64), ``batch``
+(``1``: the deliveries of one receive come in one ``deliveries`` frame, not one frame each).
 
-The server keeps up to ``prefetch`` unsettled deliveries pushed to the socket:
+The server keeps up to ``prefetch`` unsettled deliveries pushed to the socket; once it has some
+out, it tops up when a quarter of ``prefetch`` is free (fewer, larger receives):
 
     server -> client  {"type": "delivery", "delivery": {topic, group, seq, attempt, receipt, ...}}
+                      {"type": "deliveries", "deliveries": [{...}, ...]}       (batch=1)
                       {"type": "result", "id": N, "result": {...}}
                       {"type": "error", "id": N | null, "code", "message", "details"}
     client -> server  {"id": N, "op": "ack" | "nack" | "extend" | "term", "receipts": [...],
@@ -94,6 +97,8 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
 
     prefetch = int(_query_number(request, "prefetch", 1, MAX_PREFETCH) or 10)
     visibility = _query_number(request, "visibility", 0.001, 12 * 3600)
+    batch = request.query.get("batch", "0") == "1"
+    low_water = max(1, prefetch // 4)
     fmt = request.query.get("format", "msgpack")
     if fmt not in ("msgpack", "json"):
         raise ApiError("invalid_argument", "format must be msgpack or json", {"field": "format"})
@@ -188,7 +193,7 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                 for r in [r for r, d in outstanding.items() if d <= now_ms]:
                     del outstanding[r]
                 room = prefetch - len(outstanding)
-                if room <= 0:
+                if room <= 0 or (outstanding and room < low_water):
                     credit.clear()
                     soonest = min(outstanding.values()) / 1000 - time.time()
                     with contextlib.suppress(asyncio.TimeoutError):
@@ -201,6 +206,11 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                     continue
                 for d in deliveries:
                     outstanding[d["receipt"]] = d["deadline"]
+                if batch:
+                    out = [{"topic": topic, "group": group, **d} for d in deliveries]
+                    await sock.send({"type": "deliveries", "deliveries": out})
+                    continue
+                for d in deliveries:
                     await sock.send(
                         {"type": "delivery", "delivery": {"topic": topic, "group": group, **d}}
                     )
