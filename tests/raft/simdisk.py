@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -120,13 +121,20 @@ class _SimFile:
         self.f.close()
 
 
-def power_loss(shadow_dir: str, data_dir: str) -> dict[str, int]:
-    """Rebuild ``data_dir`` from durable state only; returns the surviving files' sizes."""
+def power_loss(shadow_dir: str, data_dir: str, torn: random.Random | None = None) -> dict[str, int]:
+    """Rebuild ``data_dir`` from durable state only; returns the surviving files' sizes.
+
+    With ``torn``, a file whose unsynced bytes only extend its synced bytes keeps a random
+    prefix of them, as a disk may write back part of the page cache before the power goes."""
     with open(os.path.join(shadow_dir, "state.json")) as f:
         state = json.load(f)
     d = os.path.abspath(data_dir)
+    current: dict[str, bytes] = {}
     for name in os.listdir(d):
-        os.unlink(os.path.join(d, name))
+        path = os.path.join(d, name)
+        with open(path, "rb") as f:
+            current[path] = f.read()
+        os.unlink(path)
     sizes = {}
     for path, ino in state["dur"].items():
         if os.path.dirname(path) != d:
@@ -136,6 +144,9 @@ def power_loss(shadow_dir: str, data_dir: str) -> dict[str, int]:
                 data = f.read()
         except FileNotFoundError:
             data = b""  # the name survived but none of its bytes were ever synced
+        now = current.get(path, b"")
+        if torn is not None and state["cur"].get(path) == ino and now.startswith(data):
+            data = now[: len(data) + torn.randint(0, len(now) - len(data))]
         with open(path, "wb") as f:
             f.write(data)
         sizes[os.path.basename(path)] = len(data)

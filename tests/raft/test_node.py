@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -371,7 +372,7 @@ async def test_nodes_with_different_secrets_never_form_a_cluster(
 
 class _NoSnapshotDisk(OsDisk):
     def create(self, path: str) -> DiskFile:
-        if path.endswith("snapshot.bin.tmp"):
+        if os.path.basename(path).startswith("snapshot.bin") and path.endswith(".tmp"):
             raise OSError(28, "No space left on device")
         return super().create(path)
 
@@ -422,5 +423,37 @@ async def test_a_crash_between_snapshot_and_compaction_keeps_later_entries(
         await ns.leader()
         await node.propose([pub("t", b"c")])  # commits the new term's entries
         assert node.read(lambda b: b.topic_stats("t")["messages"]) == 26
+    finally:
+        await ns.close()
+
+
+async def test_a_snapshot_install_stops_our_own_snapshot_writer_first(tmp_path: Path) -> None:
+    """Otherwise the writer (older state) could rename its file over the installed one."""
+    ns = Nodes(tmp_path, 1)
+    node = ns.start("n1")
+    try:
+        await ns.leader()
+        await node.propose([{"op": "create_topic", "topic": "t"}])
+        node.force_compaction()
+        await until("a snapshot", lambda: node.stats["snapshots"] >= 1)
+        assert node._snaps is not None
+        blob = node._snaps._read()
+        assert blob is not None
+        # a slow "snapshot writer" (spawning is instant: no event-loop stall)
+        pid = os.posix_spawn("/bin/sleep", ["sleep", "30"], {})  # noqa: ASYNC221
+        done: list[bool] = []
+
+        def install() -> None:
+            assert node._snaps is not None
+            node._snaps._pid = pid
+            done.append(node._snaps.setTransmissionData((blob, True, True)))
+
+        node._calls.append(install)
+        node._wake()
+        await until("the install", lambda: done)
+        assert done == [True]
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # killed and reaped
+        assert (tmp_path / "n1" / "snapshot.bin").read_bytes() == blob
     finally:
         await ns.close()

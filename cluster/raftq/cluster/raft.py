@@ -41,6 +41,7 @@ import itertools
 import logging
 import os
 import pickle
+import signal
 import struct
 import threading
 import time
@@ -272,6 +273,7 @@ class _Snapshots:
         self._mem_done = False
         self._started = 0.0
         self._retry_at = 0.0
+        self._aborted = False
         self._loaded: tuple[Entry, Entry, list[Any], bytes] | None = None
         self._tx: dict[Any, tuple[bytes, int]] = {}
         self._rx: bytearray | None = None
@@ -307,13 +309,26 @@ class _Snapshots:
         if pid == 0:  # pragma: no cover - child process
             code = 1
             try:
-                write_atomic(self._disk, self._path, self._blob(data), self._owner.fsync)
+                blob = self._blob(data)
+                write_atomic(self._disk, self._path, blob, self._owner.fsync, ".w.tmp")
                 code = 0
             finally:
                 os._exit(code)
         self._pid = pid
 
+    def _abort_writer(self) -> None:
+        if not self._pid:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._pid, signal.SIGKILL)
+        os.waitpid(self._pid, 0)
+        self._pid = 0
+        self._aborted = True
+
     def checkSerializing(self) -> tuple[int, Any]:
+        if self._aborted:
+            self._aborted = False
+            return SERIALIZER_STATE.FAILED, self._id
         if self._mem_done:
             self._mem_done = False
             return SERIALIZER_STATE.SUCCESS, self._id
@@ -410,8 +425,12 @@ class _Snapshots:
             log.error("%s; waiting for the leader to resend", e)
             return False
         if self._disk is not None and self._path is not None:
+            # Our own writer may still be busy with an older state: stop it, or its rename
+            # could land after ours and put the older snapshot back (found by the power-loss
+            # stress, which also caught both writers sharing one temp file).
+            self._abort_writer()
             try:  # durable before pysyncobj clears the journal
-                write_atomic(self._disk, self._path, blob, self._owner.fsync)
+                write_atomic(self._disk, self._path, blob, self._owner.fsync, ".rx.tmp")
             except OSError as e:
                 self._owner._fail(StorageError(f"{self._path}: {e}"))
                 return False

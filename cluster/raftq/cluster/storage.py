@@ -114,9 +114,11 @@ class OsDisk:
             os.close(fd)
 
 
-def write_atomic(disk: Disk, path: str, data: bytes, fsync: bool) -> None:
-    """Replace ``path`` with ``data``: temp file, fsync, rename, directory fsync."""
-    tmp = path + ".tmp"
+def write_atomic(disk: Disk, path: str, data: bytes, fsync: bool, tmp: str = ".tmp") -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, directory fsync. Writers that
+    may run at the same time (a snapshot writer and a snapshot install) use distinct ``tmp``
+    suffixes."""
+    tmp = path + tmp
     f = disk.create(tmp)
     try:
         f.write(data)
