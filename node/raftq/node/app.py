@@ -119,7 +119,16 @@ def _name(value: str, field: str) -> str:
 MESSAGE_FIELDS = {"payload": "any", "headers": MAP, "key": STR, "delay": NUM}
 
 
+_PLAIN_MESSAGE_KEYS = frozenset(("payload", "key"))
+
+
 def _message(m: Any, where: str, msgpack_body: bool) -> tuple[dict[str, Any], int]:
+    # Fast path for the common msgpack shape {payload: bytes, key?: str} (the client's own):
+    # nothing to convert or drop, so the decoded map itself becomes the command's message.
+    if msgpack_body and type(m) is dict and m.keys() <= _PLAIN_MESSAGE_KEYS:
+        payload = m.get("payload")
+        if type(payload) is bytes and type(m.get("key", "")) is str:
+            return m, len(payload)
     if not isinstance(m, dict):
         raise ApiError("invalid_argument", f"{where} must be a map", {"field": "messages"})
     check_fields(m, MESSAGE_FIELDS, ("payload",), where + ".")

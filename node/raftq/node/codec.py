@@ -68,6 +68,9 @@ def _check_values(obj: Any, depth: int) -> None:
     (JSON ``1e400``) and nesting deeper than ``MAX_DEPTH``."""
     if depth > MAX_DEPTH:
         raise ApiError("malformed_body", f"request body nests deeper than {MAX_DEPTH} levels")
+    t = type(obj)
+    if t is bytes or t is str:  # most values (payloads, names, keys): nothing to check
+        return
     if isinstance(obj, dict):
         for v in obj.values():
             _check_values(v, depth + 1)
