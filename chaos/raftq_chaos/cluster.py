@@ -65,9 +65,8 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, net: Net, root: Path, fsync: str = "never", probe: bool = True) -> None:
+    def __init__(self, net: Net, root: Path, fsync: str = "never") -> None:
         self.net = net
-        self.probe = probe  # run nodes through node_shim (adds GET /chaos/digest)
         self.root = root
         self.fsync = fsync
         self.secret = secrets.token_urlsafe(16)
@@ -87,9 +86,8 @@ class Cluster:
 
     def command(self, node: Node) -> list[str]:
         peers = ",".join(f"{o.id}={o.raft}/{o.api}" for o in self.nodes.values() if o.id != node.id)
-        entry = "raftq_chaos.node_shim" if self.probe else "raftq.node"
         argv = [
-            sys.executable, "-m", entry, "node", "--id", node.id, "--listen", node.api,
+            sys.executable, "-m", "raftq.node", "node", "--id", node.id, "--listen", node.api,
             "--raft", node.raft, "--peers", peers, "--data-dir", str(node.data_dir / "data"),
             "--fsync", self.fsync, "--log-level", "INFO",
         ]  # fmt: skip
@@ -185,13 +183,15 @@ class Cluster:
             await self._session.close()
             self._session = None
 
-    async def status(self, nid: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    async def status(
+        self, nid: str, timeout: float = 2.0, digest: bool = False
+    ) -> dict[str, Any] | None:
         node = self.nodes[nid]
         if not node.alive or node.paused:
             return None
         try:
             async with self.session().get(
-                node.url + "/cluster?digest=1",
+                node.url + ("/cluster?digest=1" if digest else "/cluster"),
                 timeout=aiohttp.ClientTimeout(total=timeout),
                 headers={"Accept": "application/json"},
             ) as r:
@@ -225,24 +225,11 @@ class Cluster:
         return out
 
     async def digest(self, nid: str, timeout: float = 5.0) -> dict[str, Any] | None:
-        """This replica's ``{"digest", "applied_index"}`` from ``GET /cluster?digest=1`` when
-        the node reports one, else from the shim's ``GET /chaos/digest``; None if neither."""
-        st = await self.status(nid, timeout)
-        if st is not None and "digest" in st:
-            return {"digest": st["digest"], "applied_index": st.get("applied_index")}
-        node = self.nodes[nid]
-        if not node.alive or node.paused:
+        """This replica's ``{"digest", "applied_index"}`` from ``GET /cluster?digest=1``."""
+        st = await self.status(nid, timeout, digest=True)
+        if st is None or "digest" not in st:
             return None
-        try:
-            async with self.session().get(
-                node.url + "/chaos/digest", timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as r:
-                if r.status != 200:
-                    return None
-                body: dict[str, Any] = await r.json()
-                return body
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return None
+        return {"digest": st["digest"], "applied_index": st.get("applied_index")}
 
     async def statuses(self) -> dict[str, dict[str, Any] | None]:
         ids = list(self.nodes)

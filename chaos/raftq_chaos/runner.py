@@ -172,8 +172,7 @@ def _down(st: dict[str, Any]) -> list[str]:
 
 async def check_digests(cluster: Cluster, timeout: float = 30.0) -> tuple[bool | str, str]:
     """Every replica reaches the same state digest (``Broker.digest()``, from ``GET
-    /cluster?digest=1`` or the shim's ``GET /chaos/digest``); "not exposed" when no node
-    reports one."""
+    /cluster?digest=1``); "not exposed" when no node reports one."""
     last = ""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
