@@ -450,6 +450,15 @@ async def test_cluster_endpoint_describes_the_node(node: tuple[LocalRaft, Client
     assert (await client.get("/readyz")).status == 200
 
 
+async def test_metrics_carry_the_raft_bindings_own_counters() -> None:
+    raft = LocalRaft()
+    raft.stats = {"syncs": 7, "sync_us": 1234, "flag": True, "name": "x"}  # type: ignore[attr-defined]
+    app = build_app(raft)
+    text = app[API_KEY].metrics.render().decode()
+    assert "raftq_raft_stat_syncs 7.0" in text and "raftq_raft_stat_sync_us 1234.0" in text
+    assert "raftq_raft_stat_flag" not in text and "raftq_raft_stat_name" not in text
+
+
 def test_each_app_has_its_own_metrics_registry() -> None:
     a, b = build_app(LocalRaft()), build_app(LocalRaft())
     assert a[API_KEY].metrics.registry is not b[API_KEY].metrics.registry

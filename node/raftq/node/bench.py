@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -138,6 +139,23 @@ class LocalCluster:
         self.procs.clear()
         if remove:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def raft_stats(self) -> dict[str, dict[str, float]]:
+        """Each node's Raft binding counters from /metrics (fsyncs, time in fsync, longest
+        tick, snapshots)."""
+        out: dict[str, dict[str, float]] = {}
+        for n in self.layout:
+            try:
+                with urllib.request.urlopen(f"http://{n['api']}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+            except OSError:
+                continue
+            out[n["id"]] = {
+                line.split()[0].removeprefix("raftq_raft_stat_"): float(line.split()[1])
+                for line in text.splitlines()
+                if line.startswith("raftq_raft_stat_")
+            }
+        return out
 
     def all_ready(self, timeout: float) -> bool:
         """Every node answers /readyz 200 and has applied the leader's commit index as it was
@@ -497,6 +515,13 @@ async def run(args: argparse.Namespace) -> int:
         print(f"raftq cluster up (fsync {args.fsync}); leader {cl.leader()}", flush=True)
         await run_cases(cl, args, res)
         meta["rss_mb_after"] = cl.rss_mb()
+        meta["raft_stats"] = st = cl.raft_stats()
+        for nid, d in sorted(st.items()):
+            syncs = max(1.0, d.get("syncs", 0))
+            avg_ms = d.get("sync_us", 0) / syncs / 1000
+            print(f"  [raftq] {nid} since (re)start: {d.get('syncs', 0):.0f} fsyncs, avg "
+                  f"{avg_ms:.2f} ms, longest tick {d.get('max_tick_ms', 0):.0f} ms, "
+                  f"{d.get('snapshots', 0):.0f} snapshots")  # fmt: skip
     finally:
         cl.stop()
     summary = res.summary()

@@ -57,6 +57,15 @@ class BrokerCollector(Collector):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
             yield g
+        # The binding's own counters (RaftNode.stats: fsyncs, time in fsync, longest tick,
+        # snapshots), when it has them: where time goes under load.
+        stats = getattr(self.raft, "stats", None)
+        if isinstance(stats, dict):
+            for key, value in sorted(stats.items()):
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    g = GaugeMetricFamily(f"raftq_raft_stat_{key}", f"Raft binding stat {key}")
+                    g.add_metric([], value)
+                    yield g
         topics = self.raft.read(_snapshot)
         tc = {
             k: CounterMetricFamily(f"raftq_topic_{k}", doc, labels=["topic"])
