@@ -199,6 +199,10 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(credit.wait(), timeout=max(0.05, soonest))
                     continue
+                # Propose a receive only when one may deliver (a cheap read): an empty receive
+                # costs a commit round, and a publish applied meanwhile would wait for it.
+                if not await api._wait_deliverable(topic, group, loop.time() + 5.0):
+                    continue
                 res = await api.call({**receive, "max": room, "token": secrets.token_bytes(16)})
                 deliveries = res["deliveries"]
                 if not deliveries:
