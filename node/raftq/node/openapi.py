@@ -181,7 +181,7 @@ OPERATIONS: list[tuple[str, str, str, str | None, int, str]] = [
         "GET",
         TG + "/stream",
         "WebSocket streaming consumer (see raftq.node.stream; query "
-        "prefetch, visibility, format); a follower redirects (307) to the leader",
+        "prefetch, visibility, format, batch); a follower redirects (307) to the leader",
         None,
         101,
         "Any",
