@@ -1012,6 +1012,9 @@ class RaftNode:
             raise EntryTooLarge(f"entry of {len(data)} bytes exceeds {MAX_ENTRY_BYTES}")
         loop = asyncio.get_running_loop()
         p = _Pending(loop.create_future(), loop)
+        # A caller cancelled while waiting leaves the shielded future alone: mark its eventual
+        # exception as retrieved (the caller already has its own definite answer).
+        p.fut.add_done_callback(_retrieved)
         with self._qlock:
             if len(self._queue) >= QUEUE_MAX:
                 raise QueueFull(f"{QUEUE_MAX} proposals already waiting; not applied")
@@ -1156,6 +1159,11 @@ class RaftNode:
         """Start a snapshot now (tests, benchmarks)."""
         self._calls.append(lambda: self._b.forceLogCompaction())
         self._wake()
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _read_once(conn: Any) -> None:
