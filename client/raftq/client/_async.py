@@ -50,7 +50,8 @@ class AsyncMessage(Delivery):
     async def _do(self, op: str, **extra: Any) -> Any:
         body = {"receipts": [self.receipt], **{k: v for k, v in extra.items() if v is not None}}
         if self._stream is not None and self._stream.open:
-            with contextlib.suppress(_StreamClosed):
+            # A closed stream or a node that lost the leadership did not apply it: use HTTP.
+            with contextlib.suppress(_StreamClosed, Unavailable):
                 res = await self._stream.call(op, body)
                 core.raise_receipt_errors(res, 1)
                 return res

@@ -159,6 +159,14 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
         except ApiError as e:
             if fid is not None or e.code in ("malformed_body", "unknown_field"):
                 await sock.send({"type": "error", "id": fid, **e.body()})
+        except LeaderLost:
+            # Not applied. The client settles over HTTP instead (which finds the new leader);
+            # the stream itself ends with CLOSE_LEADER_CHANGED from the delivery loop.
+            if fid is not None:
+                await sock.send(
+                    {"type": "error", "id": fid, "code": "no_leader",
+                     "message": "this node lost the leadership; not applied", "details": {}}
+                )  # fmt: skip
 
     settles: set[asyncio.Task[None]] = set()
 
