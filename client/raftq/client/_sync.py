@@ -177,6 +177,15 @@ class Client:
         self.endpoints.learn(core.leader_from_cluster(body))
         return body
 
+    def add_member(self, node_id: str, raft: str, api: str) -> Any:
+        """Add a node to the cluster (start it first, with every member as a peer)."""
+        body = {"id": node_id, "raft": raft, "api": api}
+        return self.request(core.Request("POST", "/cluster/members", body, idempotent=False))
+
+    def remove_member(self, node_id: str) -> Any:
+        p = core.path("cluster", "members", node_id)
+        return self.request(core.Request("DELETE", p, idempotent=False))
+
     # ------------------------------------------------------------------ topics and groups
 
     def create_topic(

@@ -44,6 +44,15 @@ def register(sub: Any) -> None:
 
     cmd(sub, "status", _status, "show the cluster: members, roles, leader, indexes")
 
+    member = sub.add_parser("member", help="add or remove cluster members")
+    msub = member.add_subparsers(dest="member_cmd", required=True)
+    p = cmd(msub, "add", _member_add, "add a started node to the cluster")
+    p.add_argument("id")
+    p.add_argument("raft", help="its Raft host:port")
+    p.add_argument("api", help="its HTTP host:port")
+    p = cmd(msub, "remove", _member_remove, "remove a node from the cluster")
+    p.add_argument("id")
+
     topic = sub.add_parser("topic", help="create, list, show, delete or purge topics")
     tsub = topic.add_subparsers(dest="topic_cmd", required=True)
     p = cmd(tsub, "create", _topic_create, "create a topic")
@@ -217,6 +226,16 @@ def _status(args: argparse.Namespace, c: Client) -> int:
         return head + "\n" + table(rows, ["node", "api", "raft", "role", "answers"])
 
     return _emit(args, info, human)
+
+
+def _member_add(args: argparse.Namespace, c: Client) -> int:
+    res = c.add_member(args.id, args.raft, args.api)
+    return _emit(args, res, lambda: f"added {args.id}; members: {', '.join(res['members'])}")
+
+
+def _member_remove(args: argparse.Namespace, c: Client) -> int:
+    res = c.remove_member(args.id)
+    return _emit(args, res, lambda: f"removed {args.id}; members: {', '.join(res['members'])}")
 
 
 def _topic_create(args: argparse.Namespace, c: Client) -> int:

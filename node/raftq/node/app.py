@@ -31,7 +31,14 @@ from raftq.node.batcher import Batcher
 from raftq.node.httperrors import ApiError
 from raftq.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from raftq.node.metrics import NodeMetrics
-from raftq.node.raftapi import EntryTooLarge, NotLeader, QueueFull, Raft, UnknownOutcome
+from raftq.node.raftapi import (
+    EntryTooLarge,
+    NotLeader,
+    QueueFull,
+    Raft,
+    RaftError,
+    UnknownOutcome,
+)
 
 log = logging.getLogger("raftq.node")
 
@@ -780,6 +787,44 @@ class Api:
 
     # ------------------------------------------------------------------ cluster
 
+    async def add_member(self, request: web.Request) -> web.StreamResponse:
+        """Dynamic membership: start the new node with every member as a peer, then add it."""
+        body = check_fields(
+            await codec.read_body(request),
+            {"id": STR, "raft": STR, "api": STR},
+            ("id", "raft", "api"),
+        )
+        node_id = _name(body["id"], "id")
+        for field in ("raft", "api"):
+            host, sep, port = body[field].rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ApiError("invalid_argument", f"{field} must be host:port", {"field": field})
+        await self._membership(self.raft.add_member(node_id, body["raft"], body["api"]))
+        return codec.respond(request, {"added": node_id, "members": self._member_ids()})
+
+    async def remove_member(self, request: web.Request) -> web.StreamResponse:
+        node_id = _name(request.match_info["node"], "node")
+        check_fields(await codec.read_body(request), {})
+        await self._membership(self.raft.remove_member(node_id))
+        return codec.respond(request, {"removed": node_id, "members": self._member_ids()})
+
+    async def _membership(self, change: Awaitable[None]) -> None:
+        try:
+            await change
+        except NotLeader:
+            raise LeaderLost() from None
+        except QueueFull:
+            raise ApiError("overloaded", "a membership change is in progress; not applied",
+                           retry_after=self.settings.retry_after) from None  # fmt: skip
+        except UnknownOutcome:
+            raise ApiError("outcome_unknown", "the membership change may or may not have been "
+                           "applied; see GET /cluster") from None  # fmt: skip
+        except RaftError as e:
+            raise ApiError("membership_refused", str(e)) from None
+
+    def _member_ids(self) -> list[str]:
+        return sorted(self.raft.status().members)
+
     async def cluster(self, request: web.Request) -> web.StreamResponse:
         st = self.raft.status()
         members = {k: dict(v) for k, v in st.members.items()}
@@ -884,6 +929,8 @@ class Api:
             ("POST", "/term", self.term),
             ("POST", "/consumers/{consumer}/release", self.release_consumer),
             ("GET", "/cluster", self.cluster),
+            ("POST", "/cluster/members", self.add_member),
+            ("DELETE", "/cluster/members/{node}", self.remove_member),
             ("GET", "/healthz", self.healthz),
             ("GET", "/readyz", self.readyz),
             ("GET", "/metrics", self.metrics_handler),

@@ -35,6 +35,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "entry_too_large": 413,
     "route_not_found": 404,
     "method_not_allowed": 405,
+    "membership_refused": 409,  # not a member to remove, already one, or a change in progress
     "no_leader": 503,
     "overloaded": 503,
     "shutting_down": 503,

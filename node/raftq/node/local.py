@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from raftq.cluster.entry import apply_entry, encode_entry
 from raftq.cluster.state import Broker
-from raftq.node.raftapi import NotLeader, RaftStatus
+from raftq.node.raftapi import NotLeader, RaftError, RaftStatus
 
 T = TypeVar("T")
 
@@ -112,6 +112,14 @@ class LocalRaft:
 
     def add_apply_listener(self, cb: Callable[[], None]) -> None:
         self._listeners.append(cb)
+
+    async def add_member(
+        self, node_id: str, raft_addr: str, api_addr: str, timeout: float = 10.0
+    ) -> None:
+        raise RaftError("LocalRaft is a single node; it has no membership")
+
+    async def remove_member(self, node_id: str, timeout: float = 10.0) -> None:
+        raise RaftError("LocalRaft is a single node; it has no membership")
 
     async def transfer_leadership(self, timeout: float = 5.0) -> bool:
         self.transferred = True

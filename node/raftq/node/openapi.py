@@ -44,6 +44,7 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "TopicList": _obj({"topics": {"type": "array", "items": S}}),
+    "AddMember": _obj({"id": S, "raft": S, "api": S}, ["id", "raft", "api"]),
     "CreateTopic": _obj(
         {
             "topic": S,
@@ -224,6 +225,8 @@ OPERATIONS: list[tuple[str, str, str, str | None, int, str]] = [
         "Any",
     ),
     ("GET", "/cluster", "This node, its role, the leader and the members", None, 200, "Cluster"),
+    ("POST", "/cluster/members", "Add a member (start it first)", "AddMember", 200, "Any"),
+    ("DELETE", "/cluster/members/{node}", "Remove a member", "Empty", 200, "Any"),
     ("GET", "/healthz", "Process is alive", None, 200, "Any"),
     ("GET", "/readyz", "Has a leader and is caught up (503 otherwise)", None, 200, "Any"),
     ("GET", "/metrics", "Prometheus metrics (text format)", None, 200, "Any"),
