@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
     for f, why in SKIPPED.items():
-        print(f"note: fault {f} is skipped: {why}")
+        print(f"note: fault {f} is skipped: {why}")  # none at present
     seed = args.seed if args.seed is not None else random.randrange(1, 1 << 31)
     out = Path(args.out or tempfile.mkdtemp(prefix="raftq-chaos-"))
     reports: list[Report] = []

@@ -16,7 +16,8 @@ partition-half     a random minority / majority split
 partition-bridge   two sides that both see one bridge node (which sees everyone)
 partition-ring     5+ nodes: each node sees only its two ring neighbours
 rolling-restart    graceful stop + start of every node in turn, waiting for each
-membership         remove / add a node: skipped, the node has no membership API yet
+membership         kill a follower, remove it from the cluster, replace its disk, start it and
+                   add it back (POST / DELETE /cluster/members)
 =================  ==========================================================================
 """
 
@@ -24,10 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from raftq.client import AsyncClient, RaftqError
 from raftq_chaos.cluster import Cluster
 from raftq_chaos.history import History
 
@@ -43,8 +46,9 @@ FAULTS = (
     "partition-bridge",
     "partition-ring",
     "rolling-restart",
+    "membership",
 )
-SKIPPED = {"membership": "the node exposes no add/remove member API"}
+SKIPPED: dict[str, str] = {}
 
 
 @dataclass
@@ -151,6 +155,17 @@ class Nemesis:
             await self._hold()
             net.heal()
             self.note("heal")
+        elif fault == "membership":
+            v = await self._follower()
+            c.kill(v)
+            self.note("kill", nodes=[v])
+            await self._member_change(v, add=False)
+            await self._hold()
+            shutil.rmtree(c.nodes[v].data_dir / "data", ignore_errors=True)  # a new disk
+            c.start(v)
+            await self._member_change(v, add=True)
+            self.note("restart", nodes=[v], fresh_disk=True)
+            await c.wait_up(v, 30)
         elif fault == "rolling-restart":
             for v in list(c.nodes):
                 code = await asyncio.to_thread(c.stop, v)
@@ -162,6 +177,34 @@ class Nemesis:
         else:
             raise ValueError(f"unknown fault {fault!r}")
         self.done[fault] += 1
+
+    async def _member_change(self, nid: str, add: bool) -> None:
+        """Remove or add ``nid`` through the HTTP API, retrying (an unknown outcome, a leader
+        change) until the leader's member list shows it done."""
+        c = self.cluster
+        node = c.nodes[nid]
+        others = [n.url for m, n in c.nodes.items() if m != nid]
+        what = "add" if add else "remove"
+
+        async def done() -> bool:
+            lid = await c.leader()
+            st = await c.status(lid) if lid else None
+            if st is None:
+                return False
+            if (nid in st.get("members", {})) == add:
+                return True
+            async with AsyncClient(others, timeout=10) as cl:
+                try:
+                    if add:
+                        await cl.add_member(nid, node.raft, node.api)
+                    else:
+                        await cl.remove_member(nid)
+                except RaftqError as e:
+                    self.note("member-retry", op=what, node=nid, error=e.code)
+            return False
+
+        await c.wait(f"{what} member {nid}", done, 60, every=0.5)
+        self.note(f"member-{what}", nodes=[nid])
 
     async def heal_all(self) -> None:
         """Undo everything: heal the network, resume paused nodes, start dead ones."""

@@ -56,7 +56,7 @@ SCENARIOS = [
     Scenario(
         "rolling-ring-5",
         nodes=5,
-        faults=["partition-ring", "rolling-restart", "pause-follower"],
+        faults=["partition-ring", "membership", "rolling-restart", "pause-follower"],
         duration=16,
         quiet=(1.5, 3.0),
         hold=(2.0, 4.0),
