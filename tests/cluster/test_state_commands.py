@@ -271,6 +271,36 @@ def test_topic_with_an_empty_group_list_retains_messages_for_a_later_earliest_gr
     assert [d["seq"] for d in h.receive(group="late")] == [1]
 
 
+@pytest.mark.parametrize("groups", [None, []], ids=["with-default-group", "without-groups"])
+def test_a_later_earliest_group_waits_out_a_publish_delay_too(
+    h: Harness, groups: list[Any] | None
+) -> None:
+    h("create_topic", topic="t", **({} if groups is None else {"groups": groups}))
+    h.publish("t", b"now")
+    h.publish("t", b"later", delay=10)
+    h.advance(1)
+    h("create_group", topic="t", group="late", start="earliest")
+    assert [d["payload"] for d in h.receive(group="late")] == [b"now"]
+    assert h.gstats("t", "late")["delayed"] == 1
+    restored = Broker()
+    restored.restore(h.b.snapshot())
+    h.advance(9)
+    [d] = h.receive(group="late")
+    assert (d["payload"], d["attempt"]) == (b"later", 1)
+    h.b = restored  # the same from a snapshot taken while it waited
+    [d] = h.receive(group="late")
+    assert (d["payload"], d["attempt"]) == (b"later", 1)
+    assert not h.b.topics["t"].publish_delays  # pruned once due
+
+
+def test_a_publish_delay_already_over_is_fresh_for_a_later_earliest_group(h: Harness) -> None:
+    h("create_topic", topic="t", groups=[])
+    h.publish("t", b"x", delay=1)
+    h.advance(2)
+    h("create_group", topic="t", group="late", start="earliest")
+    assert [d["payload"] for d in h.receive(group="late")] == [b"x"]
+
+
 # ---------------------------------------------------------------- publish
 
 

@@ -126,6 +126,7 @@ class Topic:
         "name",
         "next_seq",
         "pinned",
+        "publish_delays",
         "refs",
     )
 
@@ -145,6 +146,9 @@ class Topic:
         self.dedup_heap: list[tuple[int, str]] = []  # (expires_at, key), lazy deletion
         self.counters: dict[str, int] = dict.fromkeys(TOPIC_COUNTERS, 0)
         self.pinned: list[Group] = []  # groups whose pin is above the oldest retained seq
+        # seq -> due of messages published with a delay that may not be due yet, so that a
+        # group created later with start=earliest delays them too (pruned when due).
+        self.publish_delays: dict[int, int] = {}
 
     def get(self, seq: int) -> Msg | None:
         i = seq - self.first_seq
@@ -312,6 +316,10 @@ class Broker:
         if dq and dq[0][0] <= now:
             for due, tname, gname, seq in _pop_due(dq, now):
                 t = self.topics.get(tname)
+                if not gname:  # the topic's own entry for a publish delay
+                    if t is not None and t.publish_delays.get(seq) == due:
+                        del t.publish_delays[seq]
+                    continue
                 g = t.groups.get(gname) if t else None
                 if g is not None and g.delayed.get(seq) == due:
                     del g.delayed[seq]
@@ -323,6 +331,8 @@ class Broker:
     def _live(self, item: tuple[int, str, str, tuple[int, ...]], deadline: bool) -> bool:
         when, tname, gname, seqs = item
         t = self.topics.get(tname)
+        if not gname:
+            return t is not None and any(t.publish_delays.get(s) == when for s in seqs)
         g = t.groups.get(gname) if t else None
         if g is None:
             return False
@@ -450,6 +460,16 @@ class Broker:
             g.fresh = t.count
             if t.count:
                 t.pinned.append(g)
+            # Messages still waiting out their publish delay wait for this group too.
+            for seq, due in list(t.publish_delays.items()):
+                if due <= self.now or t.get(seq) is None:
+                    del t.publish_delays[seq]
+                    continue
+                g.held[seq] = 0
+                g.delayed[seq] = due
+                g.skip.add(seq)
+                g.fresh -= 1
+                heapq.heappush(self._delays, (due, t.name, gname, (seq,)))
         else:
             g = Group(gname, cfg, t.next_seq)
         t.groups[gname] = g
@@ -573,6 +593,8 @@ class Broker:
             if delay_ms:
                 n_fresh -= 1
                 due = now + delay_ms
+                t.publish_delays[seq] = due
+                heapq.heappush(self._delays, (due, t.name, "", (seq,)))  # prunes it when due
                 for g in groups:
                     g.held[seq] = 0
                     g.delayed[seq] = due
@@ -1154,6 +1176,7 @@ class Broker:
                     [[k, s, e] for k, (s, e) in t.dedup.items()],
                     [t.counters[k] for k in TOPIC_COUNTERS],
                     groups,
+                    list(t.publish_delays.items()),
                 ]
             )
         return msgpack.packb(
@@ -1179,7 +1202,9 @@ class Broker:
 
     def _load(self, obj: Any) -> None:
         _, self.now, self.applied_commands, topics = obj
-        for name, config, created_at, next_seq, first_seq, msgs, refs, dedup, tc, groups in topics:
+        for (
+            name, config, created_at, next_seq, first_seq, msgs, refs, dedup, tc, groups, delays,
+        ) in topics:  # fmt: skip
             t = Topic(name, dict(config), created_at)
             t.next_seq = next_seq
             t.first_seq = first_seq
@@ -1193,6 +1218,9 @@ class Broker:
             t.dedup_heap = [(e, k) for k, (_, e) in t.dedup.items()]
             heapq.heapify(t.dedup_heap)
             t.counters = dict(zip(TOPIC_COUNTERS, tc, strict=True))
+            for s, due in delays:
+                t.publish_delays[s] = due
+                self._delays.append((due, name, "", (s,)))
             for gname, gcfg, cursor, pin, fresh, skip, held, inflight, delayed, ready, gc in groups:
                 gcfg = dict(gcfg)
                 gcfg["backoff"] = list(gcfg["backoff"])
