@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import deque
@@ -302,8 +303,12 @@ async def run_cases(cl: LocalCluster, args: argparse.Namespace, res: Results) ->
                 await c.delete_topic(topic)
     if "f" in cases:
         for run in range(1, args.runs + 1):
-            gap = await failover(cl)
-            res.add("(f) publishes resume after leader kill", run, 1, 1.0, unavailable_s=gap)
+            gap, elected = await failover(cl)
+            res.add("(f) publishes resume after leader kill", run, 1, 1.0, unavailable_s=gap,
+                    elected_s=elected)  # fmt: skip
+            print(f"  [raftq] (f) run{run}: publishes resumed after {gap:.2f} s; a survivor "
+                  f"was leader after {elected if elected is not None else float('nan'):.2f} s",
+                  flush=True)  # fmt: skip
     if "m" in cases:
         await memory_and_restart(cl, args, res)
 
@@ -393,17 +398,36 @@ async def end_to_end(c: AsyncClient, topic: str, payload: bytes, secs: float) ->
     return lats
 
 
-async def failover(cl: LocalCluster) -> float:
+async def failover(cl: LocalCluster) -> tuple[float, float | None]:
     """Seconds from kill -9 of the leader until a publish succeeds again (the client retries on
-    its own: this is what a publisher sees). The killed node is restarted afterwards."""
+    its own: this is what a publisher sees), and until a survivor reports itself leader (the
+    election; polled every 20 ms). The killed node is restarted afterwards."""
+    # A healthy cluster first: a node restarted by the previous run may still be replaying its
+    # journal (one long Raft tick), and could not vote yet.
+    await asyncio.to_thread(cl.all_ready, 60)
     leader = cl.leader()
+    survivors = [n["api"] for n in cl.layout if n["id"] != leader]
     topic = f"failover-{os.getpid()}-{time.monotonic_ns()}"
+    elected: list[float] = []
+
+    def watch(stop: threading.Event, t0: float) -> None:
+        while not stop.is_set() and not elected:
+            for api in survivors:
+                with contextlib.suppress(OSError, ValueError):
+                    if get_json(f"http://{api}/cluster", 0.3).get("role") == "leader":
+                        elected.append(time.perf_counter() - t0)
+                        break
+            stop.wait(0.02)
+
     async with AsyncClient(cl.urls(), timeout=30, attempt_timeout=1) as c:
         await c.create_topic(topic)
         for _ in range(20):
             await c.publish(topic, b"x")
+        stop = threading.Event()
         killed_at = time.perf_counter()
         cl.kill(leader)
+        watcher = threading.Thread(target=watch, args=(stop, killed_at), daemon=True)
+        watcher.start()
         while True:
             try:
                 await c.publish(topic, b"x")
@@ -411,9 +435,11 @@ async def failover(cl: LocalCluster) -> float:
             except RaftqError:
                 continue
         gap = time.perf_counter() - killed_at
+        stop.set()
+        await asyncio.to_thread(watcher.join, 5)
     cl.start(leader)
     cl.leader()
-    return gap
+    return gap, (elected[0] if elected else None)
 
 
 async def memory_and_restart(cl: LocalCluster, args: argparse.Namespace, res: Results) -> None:
