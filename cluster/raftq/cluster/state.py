@@ -48,7 +48,7 @@ from raftq.cluster.errors import (
     TopicNotFound,
 )
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2: topics carry their running publish delays
 DEFAULT_GROUP = "default"
 DLQ_PREFIX = "x-raftq-dlq-"
 REDRIVE_HEADER = "x-raftq-redrives"
