@@ -115,6 +115,10 @@ COMPACTION_ENTRIES = 10_000  # entries stay in RAM until compacted: 10k batches 
 # are ~100 MB. A compaction is cheap for the Raft thread (forked writer: 1M messages, 3-6 s in
 # the child, longest tick < 0.3 s), so it can run often.
 COMPACTION_SECONDS = 300.0
+COMPACTION_BYTES = 64 << 20  # also snapshot after this many entry bytes: big batches reach ~1M
+# messages in ~1000 entries, which never hit COMPACTION_ENTRIES, so a restart replayed the whole
+# journal in one tick (3.6-5.1 s, past the election timeout; raftq bench --cases m: 10-12 s to
+# ready with 1M x 100 B). Restoring a snapshot of the same takes ~0.5 s.
 QUEUE_MAX = 4096  # proposals waiting for the tick thread (each is a batch); beyond: QueueFull
 PICKLE_PROTOCOL = 4  # a 10 KB append: protocol 2 (pysyncobj's) 124/105 us to dump/load and
 # 15 KB on the wire (bytes become latin-1 text); protocol 4: 3.3/3.8 us and 10 KB.
@@ -487,6 +491,7 @@ class RaftNode:
         self.fsync = config.fsync == "always"
         self._disk: Disk = disk if disk is not None else OsDisk()
         self._compaction_entries = compaction_entries
+        self._since_compaction = 0  # entry bytes applied since the last forced compaction
         self._fix_acks = fix_stale_acks
         self._fix_sends = fix_partial_sends
         self._socket_buffer = socket_buffer
@@ -810,6 +815,10 @@ class RaftNode:
         idx = b._SyncObj__raftLastApplied + 1
         with self._lock:
             results = apply_entry(self.broker, data)
+        self._since_compaction += len(data)
+        if self._since_compaction >= COMPACTION_BYTES:
+            self._since_compaction = 0
+            b.forceLogCompaction()  # taken up by pysyncobj's next compaction check
         if self._pending:
             with self._qlock:
                 # Lower indexes were applied as other entries (no-op, membership): superseded.
