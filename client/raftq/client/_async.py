@@ -22,6 +22,7 @@ import aiohttp
 import msgpack
 
 from raftq.client import _core as core
+from raftq.client import _requests as rq
 from raftq.client._coalesce import Coalescer
 from raftq.client._message import Delivery
 from raftq.client.errors import RaftqError, Unavailable, error_from_body
@@ -48,14 +49,14 @@ class AsyncMessage(Delivery):
         self._stream = stream
 
     async def _do(self, op: str, **extra: Any) -> Any:
-        body = {"receipts": [self.receipt], **{k: v for k, v in extra.items() if v is not None}}
+        req = rq.settle(op, [self.receipt], **extra)
         if self._stream is not None and self._stream.open:
             # A closed stream or a node that lost the leadership did not apply it: use HTTP.
             with contextlib.suppress(_StreamClosed, Unavailable):
-                res = await self._stream.call(op, body)
+                res = await self._stream.call(op, req.body)
                 core.raise_receipt_errors(res, 1)
                 return res
-        return await self._client._settle(op, body)
+        return await self._client._settle(req)
 
     async def ack(self) -> None:
         """Acknowledge; returns once the ack is committed (raises ``ReceiptStale`` if the
@@ -295,18 +296,16 @@ class AsyncClient:
     # ------------------------------------------------------------------ cluster
 
     async def cluster(self) -> Any:
-        body = await self.request(core.Request("GET", "/cluster"))
+        body = await self.request(rq.cluster())
         self.endpoints.learn(core.leader_from_cluster(body))
         return body
 
     async def add_member(self, node_id: str, raft: str, api: str) -> Any:
         """Add a node to the cluster (start it first, with every member as a peer)."""
-        body = {"id": node_id, "raft": raft, "api": api}
-        return await self.request(core.Request("POST", "/cluster/members", body, idempotent=False))
+        return await self.request(rq.add_member(node_id, raft, api))
 
     async def remove_member(self, node_id: str) -> Any:
-        p = core.path("cluster", "members", node_id)
-        return await self.request(core.Request("DELETE", p, idempotent=False))
+        return await self.request(rq.remove_member(node_id))
 
     # ------------------------------------------------------------------ topics and groups
 
@@ -317,31 +316,22 @@ class AsyncClient:
         groups: Sequence[Mapping[str, Any]] | None = None,
         if_not_exists: bool = False,
     ) -> Any:
-        body: dict[str, Any] = {"topic": topic}
-        if config:
-            body["config"] = dict(config)
-        if groups is not None:
-            body["groups"] = [dict(g) for g in groups]
-        if if_not_exists:
-            body["if_not_exists"] = True
-        return await self.request(core.Request("POST", "/topics", body, idempotent=False))
+        return await self.request(rq.create_topic(topic, config, groups, if_not_exists))
 
     async def list_topics(self) -> list[str]:
-        body = await self.request(core.Request("GET", "/topics"))
-        return list(body["topics"])
+        return list((await self.request(rq.list_topics()))["topics"])
 
     async def topic(self, topic: str) -> Any:
-        return await self.request(core.Request("GET", core.path("topics", topic)))
+        return await self.request(rq.topic(topic))
 
     async def update_topic(self, topic: str, config: Mapping[str, Any]) -> Any:
-        req = core.Request("PATCH", core.path("topics", topic), {"config": dict(config)})
-        return await self.request(req)
+        return await self.request(rq.update_topic(topic, config))
 
     async def delete_topic(self, topic: str) -> Any:
-        return await self.request(core.Request("DELETE", core.path("topics", topic)))
+        return await self.request(rq.delete_topic(topic))
 
     async def purge(self, topic: str) -> Any:
-        return await self.request(core.Request("POST", core.path("topics", topic, "purge")))
+        return await self.request(rq.purge(topic))
 
     async def create_group(
         self,
@@ -351,24 +341,16 @@ class AsyncClient:
         start: str = "latest",
         if_not_exists: bool = False,
     ) -> Any:
-        body: dict[str, Any] = {"group": group, "start": start}
-        if config:
-            body["config"] = dict(config)
-        if if_not_exists:
-            body["if_not_exists"] = True
-        req = core.Request("POST", core.path("topics", topic, "groups"), body, idempotent=False)
-        return await self.request(req)
+        return await self.request(rq.create_group(topic, group, config, start, if_not_exists))
 
     async def group(self, topic: str, group: str) -> Any:
-        return await self.request(core.Request("GET", core.path("topics", topic, "groups", group)))
+        return await self.request(rq.group(topic, group))
 
     async def update_group(self, topic: str, group: str, config: Mapping[str, Any]) -> Any:
-        p = core.path("topics", topic, "groups", group)
-        return await self.request(core.Request("PATCH", p, {"config": dict(config)}))
+        return await self.request(rq.update_group(topic, group, config))
 
     async def delete_group(self, topic: str, group: str) -> Any:
-        p = core.path("topics", topic, "groups", group)
-        return await self.request(core.Request("DELETE", p))
+        return await self.request(rq.delete_group(topic, group))
 
     # ------------------------------------------------------------------ publish
 
@@ -402,8 +384,7 @@ class AsyncClient:
         if coalescer is None:
 
             async def send(messages: list[dict[str, Any]]) -> list[Any]:
-                p = core.path("topics", topic, "publish")
-                res = await self.request(core.Request("POST", p, {"messages": messages}))
+                res = await self.request(rq.publish_batch(topic, messages))
                 return [int(m["seq"]) for m in res["messages"]]
 
             coalescer = self._coalescers[topic] = Coalescer(send)
@@ -413,7 +394,7 @@ class AsyncClient:
     async def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
         """Publish payloads (or dicts with payload/headers/key/delay) as one request."""
         body = core.batch_body(self.producer, messages)
-        res = await self.request(core.Request("POST", core.path("topics", topic, "publish"), body))
+        res = await self.request(rq.publish_batch(topic, body["messages"]))
         return [int(m["seq"]) for m in res["messages"]]
 
     # ------------------------------------------------------------------ consume
@@ -428,13 +409,7 @@ class AsyncClient:
         visibility: float | None = None,
         consumer: str | None = None,
     ) -> list[AsyncMessage]:
-        body: dict[str, Any] = {"max": max, "wait": wait}
-        if visibility is not None:
-            body["visibility"] = visibility
-        if consumer is not None:
-            body["consumer"] = consumer
-        p = core.path("topics", topic, "groups", group, "receive")
-        res = await self.request(core.Request("POST", p, body, idempotent=False, hold=wait))
+        res = await self.request(rq.receive(topic, group, max, wait, visibility, consumer))
         return [AsyncMessage(self, d, topic, group) for d in res["deliveries"]]
 
     async def consume(
@@ -484,11 +459,7 @@ class AsyncClient:
         if self._session is None or self._session.closed:
             return
         with contextlib.suppress(RaftqError, RuntimeError, asyncio.CancelledError):
-            await asyncio.shield(
-                self.request(
-                    core.Request("POST", core.path("consumers", consumer, "release")), timeout=5.0
-                )
-            )
+            await asyncio.shield(self.request(rq.release(consumer), timeout=5.0))
 
     async def _consume_stream(
         self,
@@ -563,23 +534,20 @@ class AsyncClient:
                     await msg.extend(period * 2)
 
     async def ack(self, receipts: Sequence[str]) -> Any:
-        return await self._settle("ack", {"receipts": list(receipts)})
+        return await self._settle(rq.settle("ack", receipts))
 
     async def nack(self, receipts: Sequence[str], delay: float | None = None) -> Any:
-        body: dict[str, Any] = {"receipts": list(receipts)}
-        if delay is not None:
-            body["delay"] = delay
-        return await self._settle("nack", body)
+        return await self._settle(rq.settle("nack", receipts, delay=delay))
 
     async def extend(self, receipts: Sequence[str], seconds: float) -> Any:
-        return await self._settle("extend", {"receipts": list(receipts), "seconds": seconds})
+        return await self._settle(rq.settle("extend", receipts, seconds=seconds))
 
     async def term(self, receipts: Sequence[str], reason: str = "terminated") -> Any:
-        return await self._settle("term", {"receipts": list(receipts), "reason": reason})
+        return await self._settle(rq.settle("term", receipts, reason=reason))
 
-    async def _settle(self, op: str, body: dict[str, Any]) -> Any:
-        res = await self.request(core.Request("POST", "/" + op, body))
-        core.raise_receipt_errors(res, len(body["receipts"]))
+    async def _settle(self, req: core.Request) -> Any:
+        res = await self.request(req)
+        core.raise_receipt_errors(res, len(req.body["receipts"]))
         return res
 
     def _ack_later(self, receipt: str) -> None:
@@ -590,24 +558,18 @@ class AsyncClient:
     def _flush_acks(self) -> None:
         receipts, self._pending_acks = self._pending_acks, []
         if receipts:
-            task = asyncio.ensure_future(self._settle("ack", {"receipts": receipts}))
+            task = asyncio.ensure_future(self._settle(rq.settle("ack", receipts)))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             task.add_done_callback(_ignore_result)
 
     async def release(self, consumer: str) -> Any:
-        p = core.path("consumers", consumer, "release")
-        return await self.request(core.Request("POST", p))
+        return await self.request(rq.release(consumer))
 
     # ------------------------------------------------------------------ dead letters
 
     async def peek(self, topic: str, from_seq: int | None = None, limit: int = 10) -> list[Any]:
-        p = core.path("topics", topic, "messages") + f"?limit={int(limit)}"
-        if from_seq is not None:
-            p += f"&from_seq={int(from_seq)}"
-        res = await self.request(core.Request("GET", p))
-        return list(res["messages"])
+        return list((await self.request(rq.peek(topic, from_seq, limit)))["messages"])
 
     async def redrive(self, topic: str, max: int = 100) -> Any:
-        p = core.path("topics", topic, "redrive")
-        return await self.request(core.Request("POST", p, {"max": max}, idempotent=False))
+        return await self.request(rq.redrive(topic, max))

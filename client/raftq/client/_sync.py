@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from raftq.client import _core as core
+from raftq.client import _requests as rq
 from raftq.client._message import Delivery
 from raftq.client.errors import RaftqError, Unavailable
 
@@ -173,18 +174,16 @@ class Client:
     # ------------------------------------------------------------------ cluster
 
     def cluster(self) -> Any:
-        body = self.request(core.Request("GET", "/cluster"))
+        body = self.request(rq.cluster())
         self.endpoints.learn(core.leader_from_cluster(body))
         return body
 
     def add_member(self, node_id: str, raft: str, api: str) -> Any:
         """Add a node to the cluster (start it first, with every member as a peer)."""
-        body = {"id": node_id, "raft": raft, "api": api}
-        return self.request(core.Request("POST", "/cluster/members", body, idempotent=False))
+        return self.request(rq.add_member(node_id, raft, api))
 
     def remove_member(self, node_id: str) -> Any:
-        p = core.path("cluster", "members", node_id)
-        return self.request(core.Request("DELETE", p, idempotent=False))
+        return self.request(rq.remove_member(node_id))
 
     # ------------------------------------------------------------------ topics and groups
 
@@ -195,30 +194,22 @@ class Client:
         groups: Sequence[Mapping[str, Any]] | None = None,
         if_not_exists: bool = False,
     ) -> Any:
-        body: dict[str, Any] = {"topic": topic}
-        if config:
-            body["config"] = dict(config)
-        if groups is not None:
-            body["groups"] = [dict(g) for g in groups]
-        if if_not_exists:
-            body["if_not_exists"] = True
-        return self.request(core.Request("POST", "/topics", body, idempotent=False))
+        return self.request(rq.create_topic(topic, config, groups, if_not_exists))
 
     def list_topics(self) -> list[str]:
-        return list(self.request(core.Request("GET", "/topics"))["topics"])
+        return list(self.request(rq.list_topics())["topics"])
 
     def topic(self, topic: str) -> Any:
-        return self.request(core.Request("GET", core.path("topics", topic)))
+        return self.request(rq.topic(topic))
 
     def update_topic(self, topic: str, config: Mapping[str, Any]) -> Any:
-        req = core.Request("PATCH", core.path("topics", topic), {"config": dict(config)})
-        return self.request(req)
+        return self.request(rq.update_topic(topic, config))
 
     def delete_topic(self, topic: str) -> Any:
-        return self.request(core.Request("DELETE", core.path("topics", topic)))
+        return self.request(rq.delete_topic(topic))
 
     def purge(self, topic: str) -> Any:
-        return self.request(core.Request("POST", core.path("topics", topic, "purge")))
+        return self.request(rq.purge(topic))
 
     def create_group(
         self,
@@ -228,23 +219,16 @@ class Client:
         start: str = "latest",
         if_not_exists: bool = False,
     ) -> Any:
-        body: dict[str, Any] = {"group": group, "start": start}
-        if config:
-            body["config"] = dict(config)
-        if if_not_exists:
-            body["if_not_exists"] = True
-        req = core.Request("POST", core.path("topics", topic, "groups"), body, idempotent=False)
-        return self.request(req)
+        return self.request(rq.create_group(topic, group, config, start, if_not_exists))
 
     def group(self, topic: str, group: str) -> Any:
-        return self.request(core.Request("GET", core.path("topics", topic, "groups", group)))
+        return self.request(rq.group(topic, group))
 
     def update_group(self, topic: str, group: str, config: Mapping[str, Any]) -> Any:
-        p = core.path("topics", topic, "groups", group)
-        return self.request(core.Request("PATCH", p, {"config": dict(config)}))
+        return self.request(rq.update_group(topic, group, config))
 
     def delete_group(self, topic: str, group: str) -> Any:
-        return self.request(core.Request("DELETE", core.path("topics", topic, "groups", group)))
+        return self.request(rq.delete_group(topic, group))
 
     # ------------------------------------------------------------------ publish
 
@@ -263,7 +247,7 @@ class Client:
 
     def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
         body = core.batch_body(self.producer, messages)
-        res = self.request(core.Request("POST", core.path("topics", topic, "publish"), body))
+        res = self.request(rq.publish_batch(topic, body["messages"]))
         return [int(m["seq"]) for m in res["messages"]]
 
     # ------------------------------------------------------------------ consume
@@ -278,13 +262,7 @@ class Client:
         visibility: float | None = None,
         consumer: str | None = None,
     ) -> list[Message]:
-        body: dict[str, Any] = {"max": max, "wait": wait}
-        if visibility is not None:
-            body["visibility"] = visibility
-        if consumer is not None:
-            body["consumer"] = consumer
-        p = core.path("topics", topic, "groups", group, "receive")
-        res = self.request(core.Request("POST", p, body, idempotent=False, hold=wait))
+        res = self.request(rq.receive(topic, group, max, wait, visibility, consumer))
         return [Message(self, d, topic, group) for d in res["deliveries"]]
 
     def consume(
@@ -326,36 +304,29 @@ class Client:
                 self.release(consumer)
 
     def ack(self, receipts: Sequence[str]) -> Any:
-        return self._settle("ack", {"receipts": list(receipts)})
+        return self._settle(rq.settle("ack", receipts))
 
     def nack(self, receipts: Sequence[str], delay: float | None = None) -> Any:
-        body: dict[str, Any] = {"receipts": list(receipts)}
-        if delay is not None:
-            body["delay"] = delay
-        return self._settle("nack", body)
+        return self._settle(rq.settle("nack", receipts, delay=delay))
 
     def extend(self, receipts: Sequence[str], seconds: float) -> Any:
-        return self._settle("extend", {"receipts": list(receipts), "seconds": seconds})
+        return self._settle(rq.settle("extend", receipts, seconds=seconds))
 
     def term(self, receipts: Sequence[str], reason: str = "terminated") -> Any:
-        return self._settle("term", {"receipts": list(receipts), "reason": reason})
+        return self._settle(rq.settle("term", receipts, reason=reason))
 
-    def _settle(self, op: str, body: dict[str, Any]) -> Any:
-        res = self.request(core.Request("POST", "/" + op, body))
-        core.raise_receipt_errors(res, len(body["receipts"]))
+    def _settle(self, req: core.Request) -> Any:
+        res = self.request(req)
+        core.raise_receipt_errors(res, len(req.body["receipts"]))
         return res
 
     def release(self, consumer: str) -> Any:
-        return self.request(core.Request("POST", core.path("consumers", consumer, "release")))
+        return self.request(rq.release(consumer))
 
     # ------------------------------------------------------------------ dead letters
 
     def peek(self, topic: str, from_seq: int | None = None, limit: int = 10) -> list[Any]:
-        p = core.path("topics", topic, "messages") + f"?limit={int(limit)}"
-        if from_seq is not None:
-            p += f"&from_seq={int(from_seq)}"
-        return list(self.request(core.Request("GET", p))["messages"])
+        return list(self.request(rq.peek(topic, from_seq, limit))["messages"])
 
     def redrive(self, topic: str, max: int = 100) -> Any:
-        p = core.path("topics", topic, "redrive")
-        return self.request(core.Request("POST", p, {"max": max}, idempotent=False))
+        return self.request(rq.redrive(topic, max))

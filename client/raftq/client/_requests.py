@@ -1,0 +1,129 @@
+"""One pure function per API call, building its ``Request``: the async and sync clients share
+them and only run the I/O. (Whether a call is safe to repeat after an unknown outcome is
+decided here: creates, receives, redrives and membership changes are not.)"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from raftq.client._core import Request, path
+
+
+def cluster() -> Request:
+    return Request("GET", "/cluster")
+
+
+def add_member(node_id: str, raft: str, api: str) -> Request:
+    body = {"id": node_id, "raft": raft, "api": api}
+    return Request("POST", "/cluster/members", body, idempotent=False)
+
+
+def remove_member(node_id: str) -> Request:
+    return Request("DELETE", path("cluster", "members", node_id), idempotent=False)
+
+
+def create_topic(
+    topic: str,
+    config: Mapping[str, Any] | None,
+    groups: Sequence[Mapping[str, Any]] | None,
+    if_not_exists: bool,
+) -> Request:
+    body: dict[str, Any] = {"topic": topic}
+    if config:
+        body["config"] = dict(config)
+    if groups is not None:
+        body["groups"] = [dict(g) for g in groups]
+    if if_not_exists:
+        body["if_not_exists"] = True
+    return Request("POST", "/topics", body, idempotent=False)
+
+
+def list_topics() -> Request:
+    return Request("GET", "/topics")
+
+
+def topic(name: str) -> Request:
+    return Request("GET", path("topics", name))
+
+
+def update_topic(name: str, config: Mapping[str, Any]) -> Request:
+    return Request("PATCH", path("topics", name), {"config": dict(config)})
+
+
+def delete_topic(name: str) -> Request:
+    return Request("DELETE", path("topics", name))
+
+
+def purge(name: str) -> Request:
+    return Request("POST", path("topics", name, "purge"))
+
+
+def create_group(
+    topic: str,
+    group: str,
+    config: Mapping[str, Any] | None,
+    start: str,
+    if_not_exists: bool,
+) -> Request:
+    body: dict[str, Any] = {"group": group, "start": start}
+    if config:
+        body["config"] = dict(config)
+    if if_not_exists:
+        body["if_not_exists"] = True
+    return Request("POST", path("topics", topic, "groups"), body, idempotent=False)
+
+
+def group(topic: str, name: str) -> Request:
+    return Request("GET", path("topics", topic, "groups", name))
+
+
+def update_group(topic: str, name: str, config: Mapping[str, Any]) -> Request:
+    return Request("PATCH", path("topics", topic, "groups", name), {"config": dict(config)})
+
+
+def delete_group(topic: str, name: str) -> Request:
+    return Request("DELETE", path("topics", topic, "groups", name))
+
+
+def publish_batch(topic: str, messages: list[dict[str, Any]]) -> Request:
+    """Messages already carry their idempotency keys: repeating the request is safe."""
+    return Request("POST", path("topics", topic, "publish"), {"messages": messages})
+
+
+def receive(
+    topic: str,
+    group: str,
+    max: int,
+    wait: float,
+    visibility: float | None,
+    consumer: str | None,
+) -> Request:
+    body: dict[str, Any] = {"max": max, "wait": wait}
+    if visibility is not None:
+        body["visibility"] = visibility
+    if consumer is not None:
+        body["consumer"] = consumer
+    p = path("topics", topic, "groups", group, "receive")
+    return Request("POST", p, body, idempotent=False, hold=wait)
+
+
+def settle(op: str, receipts: Sequence[str], **extra: Any) -> Request:
+    """``ack`` / ``nack`` / ``extend`` / ``term`` for a batch of receipts."""
+    body = {"receipts": list(receipts), **{k: v for k, v in extra.items() if v is not None}}
+    return Request("POST", "/" + op, body)
+
+
+def release(consumer: str) -> Request:
+    return Request("POST", path("consumers", consumer, "release"))
+
+
+def peek(topic: str, from_seq: int | None, limit: int) -> Request:
+    p = path("topics", topic, "messages") + f"?limit={int(limit)}"
+    if from_seq is not None:
+        p += f"&from_seq={int(from_seq)}"
+    return Request("GET", p)
+
+
+def redrive(topic: str, max: int) -> Request:
+    return Request("POST", path("topics", topic, "redrive"), {"max": max}, idempotent=False)
