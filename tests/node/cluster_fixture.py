@@ -12,47 +12,18 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.support import free_ports as free_ports
+from tests.support import wait_for as wait_for
+
 T = TypeVar("T")
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float, every: float = 0.05) -> T:
-    """Poll ``fn`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            value = fn()
-            if value:
-                return value
-            last = value
-        except Exception as e:  # the condition may raise while nodes come up
-            last = e
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
-        time.sleep(every)
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:

@@ -11,47 +11,19 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from tests.support import free_ports as free_ports
+from tests.support import wait_for as wait_for
 
 T = TypeVar("T")
 RUNNER = Path(__file__).with_name("node_runner.py")
 REPO = RUNNER.parents[2]
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float, every: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            value = fn()
-            if value:
-                return value
-            last = value
-        except Exception as e:
-            last = e
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-        time.sleep(every)
 
 
 class RaftProc:
