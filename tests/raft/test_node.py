@@ -457,3 +457,28 @@ async def test_a_snapshot_install_stops_our_own_snapshot_writer_first(tmp_path: 
         assert (tmp_path / "n1" / "snapshot.bin").read_bytes() == blob
     finally:
         await ns.close()
+
+
+def test_a_failed_bind_closes_the_socket_it_opened() -> None:
+    """pysyncobj retries a failed bind later but left that attempt's socket open (a
+    ResourceWarning at some later garbage collection)."""
+    import socket
+
+    from raftq.cluster.raft import _close_socket_on_failed_bind
+
+    class Server:
+        _TcpServer__socket: socket.socket | None = None
+
+        made: list[socket.socket] = []
+
+        def bind(self) -> None:
+            self._TcpServer__socket = socket.socket()
+            self.made.append(self._TcpServer__socket)
+            raise OSError("address in use")
+
+    server = Server()
+    _close_socket_on_failed_bind(server)
+    with pytest.raises(OSError):
+        server.bind()
+    assert server._TcpServer__socket is None
+    assert server.made[0].fileno() == -1  # closed, not left to the garbage collector

@@ -595,6 +595,8 @@ class RaftNode:
             b._SyncObj__encryptor = sealer  # read by the transport for every new connection
             for conn in transport._connections.values():  # made in __init__, not yet connected
                 conn.encryptor = sealer
+        if transport._server is not None:
+            _close_socket_on_failed_bind(transport._server)
         self._orig_send = transport.send
         self._orig_on_message = b._SyncObj__onMessageReceived
         transport.send = self._send
@@ -1168,6 +1170,24 @@ class RaftNode:
         """Start a snapshot now (tests, benchmarks)."""
         self._calls.append(lambda: self._b.forceLogCompaction())
         self._wake()
+
+
+def _close_socket_on_failed_bind(server: Any) -> None:
+    """pysyncobj's ``TcpServer.bind`` leaves the socket of a failed attempt open (e.g. the port
+    still held by a process that just stopped; it retries later): close it."""
+    bind = server.bind
+
+    def bind_or_close() -> None:
+        try:
+            bind()
+        except Exception:
+            sock = server._TcpServer__socket
+            if sock is not None:
+                sock.close()
+                server._TcpServer__socket = None
+            raise
+
+    server.bind = bind_or_close
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:
