@@ -61,6 +61,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.pipe_notifier import PipeNotifier
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.transport import TCPTransport
 
 from raftq.cluster.entry import apply_entry, encode_entry
 from raftq.cluster.state import Broker
@@ -446,12 +447,21 @@ class _Snapshots:
         self._tx.pop(key, None)
 
 
+class _Transport(TCPTransport):  # type: ignore[misc]
+    """pysyncobj's TCP transport, whose server closes the socket of a failed bind attempt
+    (pysyncobj retries the bind, from its constructor on, and left each failed socket open)."""
+
+    def _createServer(self) -> None:
+        super()._createServer()
+        _close_socket_on_failed_bind(self._server)
+
+
 class _Binding(SyncObj):  # type: ignore[misc]
     """The SyncObj subclass: one replicated method taking bytes."""
 
     def __init__(self, owner: RaftNode, self_node: Any, others: list[Any], conf: Any) -> None:
         self._rq = owner
-        super().__init__(self_node, others, conf)
+        super().__init__(self_node, others, conf, transportClass=_Transport)
 
     @replicated  # type: ignore[untyped-decorator]
     def raftq_apply(self, data: bytes) -> None:
@@ -595,8 +605,6 @@ class RaftNode:
             b._SyncObj__encryptor = sealer  # read by the transport for every new connection
             for conn in transport._connections.values():  # made in __init__, not yet connected
                 conn.encryptor = sealer
-        if transport._server is not None:
-            _close_socket_on_failed_bind(transport._server)
         self._orig_send = transport.send
         self._orig_on_message = b._SyncObj__onMessageReceived
         transport.send = self._send
