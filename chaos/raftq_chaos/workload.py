@@ -130,16 +130,20 @@ class Workload:
             try:
                 seq = await c.publish(self.cfg.topic, value.encode())
             except Exception as e:
-                kind = _outcome(e)
-                h.complete(op, kind, error=_err(e))
-                self._count(f"publish-{kind}")
-                if kind == "info":
-                    proc = h.new_process()
+                proc = self._publish_failed(op, proc, e)
             else:
                 h.ok(op, {"topic": self.cfg.topic, "value": value, "seq": seq})
                 self._count("publish-ok")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), interval)
+
+    def _publish_failed(self, op: Op, proc: int, e: Exception) -> int:
+        """Record a failed or unknown publish; after ``info`` the logical client is a new
+        process (Jepsen's convention). Returns the process to go on with."""
+        kind = _outcome(e)
+        self.history.complete(op, kind, error=_err(e))
+        self._count(f"publish-{kind}")
+        return self.history.new_process() if kind == "info" else proc
 
     async def batch_producer(self, name: str, interval: float) -> None:
         """Publishes batches of 1-8 values in one request (one ``publish`` op with ``values``)."""
@@ -155,11 +159,7 @@ class Workload:
             try:
                 seqs = await c.publish_batch(self.cfg.topic, [v.encode() for v in values])
             except Exception as e:
-                kind = _outcome(e)
-                h.complete(op, kind, error=_err(e))
-                self._count(f"publish-{kind}")
-                if kind == "info":
-                    proc = h.new_process()
+                proc = self._publish_failed(op, proc, e)
             else:
                 h.ok(op, {"topic": self.cfg.topic, "values": values, "seqs": seqs})
                 self._count("publish-ok")
