@@ -25,7 +25,7 @@ from raftq.client import _core as core
 from raftq.client import _requests as rq
 from raftq.client._coalesce import Coalescer
 from raftq.client._message import Delivery
-from raftq.client.errors import RaftqError, Unavailable, error_from_body
+from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome, error_from_body
 
 # A node that does not accept a connection within this long is taken for down (they are on a
 # LAN or loopback); the next node is tried.
@@ -437,9 +437,13 @@ class AsyncClient:
         extender: asyncio.Task[None] | None = None
         try:
             while True:
-                batch = await self.receive(
-                    topic, group, max=prefetch, wait=wait, visibility=visibility, consumer=consumer
-                )
+                try:
+                    batch = await self.receive(
+                        topic, group, max=prefetch, wait=wait, visibility=visibility,
+                        consumer=consumer,
+                    )  # fmt: skip
+                except UnknownOutcome:
+                    continue  # what it may have delivered comes back after its deadline
                 for msg in batch:
                     if auto_extend:
                         extender = asyncio.create_task(self._keep_extending(msg))

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from raftq.client import _core as core
 from raftq.client import _requests as rq
 from raftq.client._message import Delivery
-from raftq.client.errors import RaftqError, Unavailable
+from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome
 
 CONNECT_TIMEOUT = 2.0  # as in the async client: a node that does not accept is taken for down
 
@@ -291,9 +291,13 @@ class Client:
                     if left <= 0:
                         return
                     poll = min(wait, left)
-                batch = self.receive(
-                    topic, group, max=want, wait=poll, visibility=visibility, consumer=consumer
-                )
+                try:
+                    batch = self.receive(
+                        topic, group, max=want, wait=poll, visibility=visibility,
+                        consumer=consumer,
+                    )  # fmt: skip
+                except UnknownOutcome:
+                    continue  # what it may have delivered comes back after its deadline
                 if batch:
                     idle_since = time.monotonic()
                 for msg in batch:
