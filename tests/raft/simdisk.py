@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import random
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,11 +30,17 @@ class SimDisk:
         self.shadow = shadow_dir
         os.makedirs(shadow_dir, exist_ok=True)
         self.real = OsDisk()
+        self._pid, self._tlock = os.getpid(), threading.Lock()
 
     @contextmanager
     def _state(self) -> Iterator[dict[str, Any]]:
-        with open(os.path.join(self.shadow, "lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        # Threads of one process (the tick thread, the journal's zero-filler) take a thread
+        # lock; processes a POSIX record lock, which a forked snapshot writer does not inherit
+        # (an inherited flock held by a parent thread at fork time would never be released).
+        if self._pid != os.getpid():
+            self._pid, self._tlock = os.getpid(), threading.Lock()
+        with self._tlock, open(os.path.join(self.shadow, "lock"), "a") as lock:
+            fcntl.lockf(lock, fcntl.LOCK_EX)
             path = os.path.join(self.shadow, "state.json")
             try:
                 with open(path) as f:
@@ -67,9 +74,9 @@ class SimDisk:
     def read(self, path: str) -> bytes | None:
         return self.real.read(path)
 
-    def open_append(self, path: str) -> DiskFile:
+    def open(self, path: str) -> DiskFile:
         path = os.path.abspath(path)
-        f = self.real.open_append(path)
+        f = self.real.open(path)
         with self._state() as state:
             self._ino(state, path)
         return _SimFile(self, path, f)
@@ -110,6 +117,9 @@ class _SimFile:
     def write(self, data: bytes) -> None:
         self.f.write(data)
 
+    def write_at(self, offset: int, data: bytes) -> None:
+        self.f.write_at(offset, data)
+
     def truncate(self, size: int) -> None:
         self.f.truncate(size)
 
@@ -124,8 +134,9 @@ class _SimFile:
 def power_loss(shadow_dir: str, data_dir: str, torn: random.Random | None = None) -> dict[str, int]:
     """Rebuild ``data_dir`` from durable state only; returns the surviving files' sizes.
 
-    With ``torn``, a file whose unsynced bytes only extend its synced bytes keeps a random
-    prefix of them, as a disk may write back part of the page cache before the power goes."""
+    With ``torn``, a file that was not cut shorter since its last sync keeps a random prefix of
+    its unsynced changes (appended records, or records written over zero-filled space), as a
+    disk may write back part of the page cache before the power goes."""
     with open(os.path.join(shadow_dir, "state.json")) as f:
         state = json.load(f)
     d = os.path.abspath(data_dir)
@@ -145,8 +156,11 @@ def power_loss(shadow_dir: str, data_dir: str, torn: random.Random | None = None
         except FileNotFoundError:
             data = b""  # the name survived but none of its bytes were ever synced
         now = current.get(path, b"")
-        if torn is not None and state["cur"].get(path) == ino and now.startswith(data):
-            data = now[: len(data) + torn.randint(0, len(now) - len(data))]
+        if torn is not None and state["cur"].get(path) == ino and len(now) >= len(data):
+            same = _common_prefix(data, now)
+            if same < len(now):
+                cut = torn.randint(same, len(now))
+                data = now[:cut] + data[cut:]
         with open(path, "wb") as f:
             f.write(data)
         sizes[os.path.basename(path)] = len(data)
@@ -154,3 +168,14 @@ def power_loss(shadow_dir: str, data_dir: str, torn: random.Random | None = None
     with open(os.path.join(shadow_dir, "state.json"), "w") as f:
         json.dump(state, f)
     return sizes
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b))
+    lo = 0
+    step = 1 << 16
+    while lo < n and a[lo : lo + step] == b[lo : lo + step]:
+        lo += step
+    while lo < n and a[lo] == b[lo]:
+        lo += 1
+    return min(lo, n)

@@ -251,6 +251,9 @@ class _FailingFile:
     def write(self, data: bytes) -> None:
         self.f.write(data)
 
+    def write_at(self, offset: int, data: bytes) -> None:
+        self.f.write_at(offset, data)
+
     def truncate(self, size: int) -> None:
         self.f.truncate(size)
 
@@ -269,8 +272,8 @@ class _FailingDisk(OsDisk):
     def __init__(self) -> None:
         self.armed = [False]
 
-    def open_append(self, path: str) -> DiskFile:
-        return _FailingFile(super().open_append(path), self.armed)
+    def open(self, path: str) -> DiskFile:
+        return _FailingFile(super().open(path), self.armed)
 
 
 async def test_a_failed_fsync_stops_the_node_and_never_acknowledges(tmp_path: Path) -> None:

@@ -54,15 +54,21 @@ def test_journal_round_trips_and_truncates_from_the_end(tmp_path: Path) -> None:
     assert _reopen(path) == [entries[2], (b"new", 4, 2)]
 
 
+@pytest.mark.parametrize("how", ["cut short", "zeroed in place"])
 @pytest.mark.parametrize("cut", [1, 5, 12, 20])
 def test_torn_last_record_is_truncated_with_a_warning(
-    tmp_path: Path, cut: int, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, cut: int, how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "journal.log"
     entries = _journal(path, 4)
-    size = path.stat().st_size
+    end = len(JOURNAL_HEADER) + 4 * 33  # each record is 12 + 16 + 5 = 33 bytes
+    assert path.stat().st_size > end  # zero-filled ahead
     with open(path, "r+b") as f:
-        f.truncate(size - cut)  # the last record is 12 + 16 + 5 = 33 bytes
+        if how == "cut short":
+            f.truncate(end - cut)
+        else:  # the record overwrote zero-filled space; its last bytes never reached the disk
+            f.seek(end - cut)
+            f.write(bytes(cut))
     with caplog.at_level(logging.WARNING):
         assert _reopen(path) == entries[:3]
     assert "torn last record" in caplog.text and str(path) in caplog.text
@@ -74,12 +80,40 @@ def test_torn_last_record_is_truncated_with_a_warning(
     assert _reopen(path) == [*entries[:3], (b"again", 4, 1)]
 
 
-def test_garbage_after_the_last_record_is_a_torn_tail(tmp_path: Path) -> None:
+def test_zero_filled_space_after_the_last_record_is_a_clean_end(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "journal.log"
     entries = _journal(path, 3)
     with open(path, "ab") as f:
-        f.write(b"\x00" * 100)  # a preallocated, never-written tail
-    assert _reopen(path) == entries
+        f.write(b"\x00" * 100)
+    with caplog.at_level(logging.WARNING):
+        assert _reopen(path) == entries
+    assert "torn" not in caplog.text
+
+
+def test_records_overwrite_the_zero_filled_space_ahead(tmp_path: Path) -> None:
+    """Records land in space zero-filled ahead of time (an fdatasync then has no file size to
+    commit), across several fills, through truncation and compaction."""
+    path = tmp_path / "journal.log"
+    j = Journal(OsDisk(), str(path), None, chunk=64 << 10)
+    entries = [(os.urandom(5000), i + 1, 1) for i in range(100)]  # ~500 KB: several fills
+    sizes = []
+    for e in entries:
+        j.add(*e)
+        j.sync()
+        sizes.append(path.stat().st_size)
+    assert sizes[-1] > j._end and len(set(sizes)) > 3
+    j.deleteEntriesFrom(90)
+    j.add(b"new", 91, 2)
+    j.sync()
+    j._destroy()
+    assert _reopen(path) == [*entries[:90], (b"new", 91, 2)]
+    j = Journal(OsDisk(), str(path), None, chunk=64 << 10)
+    j.deleteEntriesTo(50)
+    j.add(b"after", 92, 2)
+    j._destroy()
+    assert _reopen(path) == [*entries[50:90], (b"new", 91, 2), (b"after", 92, 2)]
 
 
 @pytest.mark.parametrize("where", ["payload", "length", "magic"])

@@ -8,6 +8,11 @@ records what was synced and simulate power loss. Rules kept here:
   naming the file (the node must not start: never silent loss);
 * ``sync()`` is one fdatasync for everything appended since the last one (group commit); the
   binding calls it before an entry counts on the leader and before a follower acknowledges;
+* the journal is zero-filled ahead of its end (``JOURNAL_CHUNK`` at a time, by a background
+  thread) and records overwrite those zeros: an fdatasync then flushes data only, no size
+  change for the file system journal to commit (3 nodes syncing 10 KB records at once on this
+  box: p50 0.37 ms appending, 0.34 ms into fallocate'd space, 0.24 ms into written zeros).
+  Bytes past the last record are always zeros, so a restart stops at the first zero header;
 * small files (meta, snapshots, rewritten journals) are replaced atomically: temp file, fsync,
   rename, directory fsync.
 
@@ -21,6 +26,7 @@ import contextlib
 import logging
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Callable
 from typing import Any, Protocol, overload
@@ -35,6 +41,11 @@ JOURNAL_HEADER = b"RAFTQJ1\n"
 RECORD_MAGIC = 0x5251_4A52  # "RQJR"
 _REC = struct.Struct("<III")  # magic, payload length, crc32(payload)
 _IDX = struct.Struct("<QQ")  # index, term
+JOURNAL_CHUNK = 8 << 20  # zero-filled ahead of the last record, at most; a new chunk is started
+# when less than half is left. Chunks start at 256 KiB after every open or compaction and double
+# (an idle node keeps a small file). Costs a second write of every journal byte, off the tick
+# thread.
+_FIRST_CHUNK = 256 << 10
 BLOB_MAGIC = b"RAFTQB1\n"
 _BLOB = struct.Struct("<QI")  # length, crc32
 
@@ -48,7 +59,8 @@ class StorageCorrupt(StorageError):
 
 
 class DiskFile(Protocol):
-    def write(self, data: bytes) -> None: ...  # append at the end
+    def write(self, data: bytes) -> None: ...  # sequentially from offset 0 (``create``)
+    def write_at(self, offset: int, data: bytes) -> None: ...
     def truncate(self, size: int) -> None: ...
     def sync(self) -> None: ...
     def close(self) -> None: ...
@@ -56,7 +68,7 @@ class DiskFile(Protocol):
 
 class Disk(Protocol):
     def read(self, path: str) -> bytes | None: ...  # None when missing
-    def open_append(self, path: str) -> DiskFile: ...  # creates when missing
+    def open(self, path: str) -> DiskFile: ...  # for write_at; creates when missing
     def create(self, path: str) -> DiskFile: ...  # creates or empties
     def rename(self, src: str, dst: str) -> None: ...
     def remove(self, path: str) -> None: ...
@@ -65,13 +77,19 @@ class Disk(Protocol):
 
 class _OsFile:
     def __init__(self, path: str, flags: int) -> None:
-        self.fd = os.open(path, flags | os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.fd = os.open(path, flags | os.O_WRONLY | os.O_CREAT, 0o644)
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
             n = os.write(self.fd, view)
             view = view[n:]
+
+    def write_at(self, offset: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self.fd, view, offset)
+            view, offset = view[n:], offset + n
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
@@ -93,7 +111,7 @@ class OsDisk:
         except FileNotFoundError:
             return None
 
-    def open_append(self, path: str) -> DiskFile:
+    def open(self, path: str) -> DiskFile:
         return _OsFile(path, 0)
 
     def create(self, path: str) -> DiskFile:
@@ -170,7 +188,7 @@ class MetaStore:
 
 
 class Journal:
-    """pysyncobj's journal interface over an append-only checksummed file.
+    """pysyncobj's journal interface over a checksummed, zero-filled-ahead file.
 
     Entries live in memory too (pysyncobj indexes and slices them); compaction keeps the list
     short. ``path=None`` keeps everything in memory (tests only).
@@ -182,14 +200,21 @@ class Journal:
         path: str | None,
         meta: MetaStore | None,
         fsync: bool = True,
+        chunk: int = JOURNAL_CHUNK,
     ) -> None:
         self._disk = disk
         self._path = path
         self._meta = meta
         self._fsync = fsync
+        self._chunk = chunk
         self._entries: list[Entry] = []
         self._offsets: list[int] = []  # file offset of each entry's record
-        self._end = len(JOURNAL_HEADER)
+        self._end = len(JOURNAL_HEADER)  # after the last record
+        self._zeroed = self._end  # the file's size: zeros from _end up to here
+        self._filler: threading.Thread | None = None  # zero-fills [_zeroed, _fill_to)
+        self._fill_to = 0
+        self._fill_size = min(_FIRST_CHUNK, chunk)
+        self._fill_error: OSError | None = None
         self._file: DiskFile | None = None
         self.dirty = False
         self._term = meta.term if meta else 0
@@ -236,6 +261,8 @@ class Journal:
         while off < len(data):
             parsed = self._parse(data, off)
             if parsed is None:
+                if data.count(0, off) == len(data) - off:
+                    break  # the zero-filled space after the last record
                 # Torn tail or corruption? Any intact record after this point means corruption.
                 probe = data.find(magic, off + 1)
                 while probe != -1:
@@ -246,11 +273,10 @@ class Journal:
                         )
                     probe = data.find(magic, probe + 1)
                 log.warning(
-                    "journal %s: torn last record at offset %d (%d bytes) truncated;"
+                    "journal %s: torn last record at offset %d truncated;"
                     " it was never synced, so never acknowledged",
                     path,
                     off,
-                    len(data) - off,
                 )
                 break
             entry, nxt = parsed
@@ -261,17 +287,19 @@ class Journal:
             self._entries.append(entry)
             self._offsets.append(off)
             off = nxt
-        self._end = off
+        self._end = self._zeroed = off
         try:
-            self._file = disk.open_append(path)
-            if off < len(data):
+            self._file = disk.open(path)
+            if off < len(data):  # cut the torn record and the zeros; they are written anew
                 self._file.truncate(off)
                 self._file.sync()
         except OSError as e:
             raise StorageError(f"{path}: {e}") from e
+        self._fill_ahead(0)
 
     def _rewrite(self, entries: list[Entry]) -> None:
         """Replace the file with exactly ``entries`` (compaction, clear): atomic and durable."""
+        self._wait_fill()
         self._entries = list(entries)
         self._offsets = []
         if self._disk is None or self._path is None:
@@ -283,12 +311,59 @@ class Journal:
         try:
             if self._file is not None:
                 self._file.close()
+                self._file = None
             write_atomic(self._disk, self._path, bytes(buf), self._fsync)
-            self._file = self._disk.open_append(self._path)
+            self._file = self._disk.open(self._path)
         except OSError as e:
             raise StorageError(f"{self._path}: {e}") from e
-        self._end = len(buf)
+        self._end = self._zeroed = len(buf)
         self.dirty = False
+        self._fill_size = min(_FIRST_CHUNK, self._chunk)
+        self._fill_ahead(0)
+
+    # ---------------------------------------------------------------- zero fill
+
+    def _fill_ahead(self, need: int) -> None:
+        """Make sure the next ``need`` bytes can be written at ``_end`` without touching space
+        being zero-filled, and start filling the next chunk when less than half is left."""
+        if self._file is None:
+            return
+        if self._filler is not None and (
+            not self._filler.is_alive() or self._end + need > self._zeroed
+        ):
+            self._wait_fill()  # finished, or we are about to write into it: wait
+        size = self._fill_size
+        if self._filler is None and self._zeroed - (self._end + need) < size // 2:
+            start = max(self._zeroed, self._end + need)
+            self._fill_to = start + size
+            self._fill_size = min(size * 2, self._chunk)
+            self._filler = threading.Thread(
+                target=self._fill,
+                args=(self._file, start, size),
+                name="journal-zero-fill",
+                daemon=True,
+            )
+            self._filler.start()
+
+    def _fill(self, f: DiskFile, start: int, size: int) -> None:
+        try:
+            zeros = bytes(min(size, 1 << 20))
+            for off in range(start, start + size, len(zeros)):
+                f.write_at(off, zeros[: start + size - off])
+            if self._fsync:
+                f.sync()
+        except OSError as e:
+            self._fill_error = e
+
+    def _wait_fill(self) -> None:
+        t, self._filler = self._filler, None
+        if t is None:
+            return
+        t.join()
+        err, self._fill_error = self._fill_error, None
+        if err is not None:
+            raise StorageError(f"{self._path}: zero-filling failed: {err}")
+        self._zeroed = max(self._zeroed, self._fill_to)
 
     # ---------------------------------------------------------------- durability
 
@@ -318,12 +393,14 @@ class Journal:
         if self._file is None:
             return
         rec = self._record(command, idx, term)
+        self._fill_ahead(len(rec))
         try:
-            self._file.write(rec)
+            self._file.write_at(self._end, rec)
         except OSError as e:
             raise StorageError(f"{self._path}: {e}") from e
         self._offsets.append(self._end)
         self._end += len(rec)
+        self._zeroed = max(self._zeroed, self._end)
         self.dirty = True
 
     def clear(self) -> None:
@@ -335,9 +412,10 @@ class Journal:
         first_removed = self._entries[entryFrom][1]
         del self._entries[entryFrom:]
         if self._file is not None:
-            self._end = self._offsets[entryFrom]
+            self._wait_fill()
+            self._end = self._zeroed = self._offsets[entryFrom]
             del self._offsets[entryFrom:]
-            try:
+            try:  # cut, not zeroed in place: a later restart must not find the removed records
                 self._file.truncate(self._end)
             except OSError as e:
                 raise StorageError(f"{self._path}: {e}") from e
@@ -361,6 +439,7 @@ class Journal:
     def _destroy(self) -> None:
         if self._file is not None:
             try:
+                self._wait_fill()
                 self.sync()
             finally:
                 self._file.close()
