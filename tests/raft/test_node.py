@@ -485,3 +485,17 @@ def test_a_failed_bind_closes_the_socket_it_opened() -> None:
         server.bind()
     assert server._TcpServer__socket is None
     assert server.made[0].fileno() == -1  # closed, not left to the garbage collector
+
+
+@pytest.mark.parametrize("size", [0, 1, 100, 65534, 65535, 65536, 131071, 300_000])
+def test_wire_messages_are_zlib_streams_of_stored_blocks(size: int) -> None:
+    """pysyncobj's receiver inflates every message: what we send must stay a zlib stream
+    (split into stored blocks of at most 65535 bytes) that yields the bytes unchanged."""
+    import zlib
+
+    from raftq.cluster.raft import _stored_zlib
+
+    data = os.urandom(size)
+    wire = _stored_zlib(data)
+    assert zlib.decompress(wire) == data
+    assert len(wire) == len(data) + 2 + 5 * max(1, -(-size // 0xFFFF)) + 4
