@@ -26,8 +26,10 @@ What it changes in pysyncobj 0.3.17, through its extension points only:
 * callbacks: proposals are tracked by (index, term) here, never by pysyncobj callbacks, so
   every one resolves (apply, superseded entry, snapshot install, stop or timeout).
 
-Never call into pysyncobj from another thread than the tick thread, except through the
-thread-safe queues here.
+Threads: pysyncobj runs on the tick thread, which holds ``_tick_lock`` except while it waits
+for events. A proposal made while it waits is appended and sent by the caller's thread right
+away (the tick thread is woken only to sync it): one thread hand-off less per round. Anything
+else reaches pysyncobj through the thread-safe queues here.
 """
 
 from __future__ import annotations
@@ -508,6 +510,9 @@ class RaftNode:
         self._fix_sends = fix_partial_sends
         self._socket_buffer = socket_buffer
         self._lock = threading.Lock()  # apply vs reads
+        self._tick_lock = threading.Lock()  # pysyncobj's state: the tick thread, but its waits
+        self._ticking = False  # the tick thread holds _tick_lock (its waits may release it)
+        self._closed = False  # pysyncobj destroyed (set under _tick_lock)
         self._qlock = threading.Lock()  # proposal queue and pending table
         self._queue: deque[tuple[bytes, _Pending]] = deque()
         self._pending: dict[int, _Pending] = {}
@@ -612,6 +617,9 @@ class RaftNode:
         transport.send = self._send
         transport.setOnMessageReceivedCallback(self._on_message)
         self._notifier = PipeNotifier(b._poller)
+        inner = getattr(b._poller, "_PollPoller__poll", None)
+        if inner is not None:  # else (no select.poll) proposals always go through the queue
+            b._poller._PollPoller__poll = _UnlockedWait(inner, self)
         if self._snaps.exists():
             try:
                 self._snaps._loaded = loaded = self._snaps.load()
@@ -656,41 +664,49 @@ class RaftNode:
             journal.deleteEntriesTo(pos)
 
     def _run(self) -> None:
-        b = self._b
         stats = self.stats
         last = time.monotonic()
         while not self._stopping and self._fatal is None:
-            try:
-                b.doTick(TICK)
-            except StorageError as e:
-                self._fail(e)
-                break
-            except Exception:
-                log.exception("raft tick failed")
-            try:
-                # Always, even after a failed tick: the next tick counts the leader's own
-                # entries toward commit, so they must be synced first.
-                self._after_tick()
-            except StorageError as e:
-                self._fail(e)
-                break
-            except Exception:
-                log.exception("raft flush failed")
-                time.sleep(TICK)
+            with self._tick_lock:
+                self._ticking = True
+                try:
+                    self._tick()
+                finally:
+                    self._ticking = False
             now = time.monotonic()
             # Longest tick (poll wait included): heartbeats stop while it runs.
             stats["max_tick_ms"] = max(stats["max_tick_ms"], int((now - last) * 1000))
             last = now
-        try:
-            if self._fatal is None:
-                self._after_tick()
-        except Exception:
-            log.exception("final flush failed")
-        try:
-            b._doDestroy()
-        except Exception:
-            log.exception("closing raft failed")
+        with self._tick_lock:
+            self._closed = True
+            try:
+                if self._fatal is None:
+                    self._after_tick()
+            except Exception:
+                log.exception("final flush failed")
+            try:
+                self._b._doDestroy()
+            except Exception:
+                log.exception("closing raft failed")
         self._fail_all()
+
+    def _tick(self) -> None:
+        try:
+            self._b.doTick(TICK)
+        except StorageError as e:
+            self._fail(e)
+            return
+        except Exception:
+            log.exception("raft tick failed")
+        try:
+            # Always, even after a failed tick: the next tick counts the leader's own
+            # entries toward commit, so they must be synced first.
+            self._after_tick()
+        except StorageError as e:
+            self._fail(e)
+        except Exception:
+            log.exception("raft flush failed")
+            time.sleep(TICK)
 
     def _close_notifier(self) -> None:
         n, self._notifier = self._notifier, None
@@ -783,6 +799,12 @@ class RaftNode:
     def _drain(self) -> None:
         while self._calls:
             self._calls.popleft()()
+        self._append_queued(sync=True)
+
+    def _append_queued(self, sync: bool) -> None:
+        """Append the queued proposals (one entry each) and send them at once. With ``sync``
+        False (caller's thread) the journal stays dirty: the woken tick thread syncs it in
+        ``_after_tick``, before its next tick counts the leader's own entries toward commit."""
         if not self._queue:
             return
         b = self._b
@@ -818,9 +840,10 @@ class RaftNode:
             # Send now (pysyncobj would wait for the next heartbeat), then sync while the
             # followers do the same: the leader counts itself at the start of the next tick.
             b._SyncObj__sendAppendEntries()
-            self._sync(journal)
-            if not b._SyncObj__otherNodes:
-                self._wake()  # a single node commits alone: no ack will end the next poll
+            if sync:
+                self._sync(journal)
+                if not b._SyncObj__otherNodes:
+                    self._wake()  # a single node commits alone: no ack will end the next poll
 
     def _apply(self, data: bytes) -> None:
         b = self._b
@@ -1040,6 +1063,13 @@ class RaftNode:
             if len(self._queue) >= QUEUE_MAX:
                 raise QueueFull(f"{QUEUE_MAX} proposals already waiting; not applied")
             self._queue.append((data, p))
+        if self._tick_lock.acquire(blocking=False):
+            # The tick thread is waiting for events (or not running): append and send from here.
+            try:
+                if not self._closed and self._fatal is None and self._thread is not None:
+                    self._append_queued(sync=False)
+            finally:
+                self._tick_lock.release()
         self._wake()
         try:
             return await asyncio.wait_for(asyncio.shield(p.fut), timeout)
@@ -1180,6 +1210,32 @@ class RaftNode:
         """Start a snapshot now (tests, benchmarks)."""
         self._calls.append(lambda: self._b.forceLogCompaction())
         self._wake()
+
+
+class _UnlockedWait:
+    """Stands in for the ``select.poll`` object inside pysyncobj's poller: the tick thread
+    releases ``_tick_lock`` only while it is blocked waiting for events, never while handling
+    them, so another thread holding the lock never runs alongside pysyncobj code."""
+
+    def __init__(self, inner: Any, node: RaftNode) -> None:
+        self._inner = inner
+        self._node = node
+
+    def register(self, fd: Any, mask: int) -> None:
+        self._inner.register(fd, mask)
+
+    def unregister(self, fd: Any) -> None:
+        self._inner.unregister(fd)
+
+    def poll(self, timeout_ms: float | None = None) -> list[tuple[int, int]]:
+        node = self._node
+        if not node._ticking:  # not the tick loop (pysyncobj's own teardown, say)
+            return list(self._inner.poll(timeout_ms))
+        node._tick_lock.release()
+        try:
+            return list(self._inner.poll(timeout_ms))
+        finally:
+            node._tick_lock.acquire()
 
 
 def _close_socket_on_failed_bind(server: Any) -> None:
