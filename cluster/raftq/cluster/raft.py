@@ -1059,9 +1059,6 @@ class RaftNode:
             raise EntryTooLarge(f"entry of {len(data)} bytes exceeds {MAX_ENTRY_BYTES}")
         loop = asyncio.get_running_loop()
         p = _Pending(loop.create_future(), loop)
-        # A caller cancelled while waiting leaves the shielded future alone: mark its eventual
-        # exception as retrieved (the caller already has its own definite answer).
-        p.fut.add_done_callback(_retrieved)
         with self._qlock:
             if len(self._queue) >= QUEUE_MAX:
                 raise QueueFull(f"{QUEUE_MAX} proposals already waiting; not applied")
@@ -1075,8 +1072,13 @@ class RaftNode:
                 self._tick_lock.release()
         self._wake()
         try:
-            return await asyncio.wait_for(asyncio.shield(p.fut), timeout)
+            # (asyncio.timeout, not wait_for + shield: a few loop turns less per proposal. A
+            # cancelled caller cancels p.fut, which the tick thread then leaves alone.)
+            async with asyncio.timeout(timeout):
+                return await p.fut
         except TimeoutError:
+            if p.fut.done() and not p.fut.cancelled():
+                return p.fut.result()  # settled in the same turn the time ran out
             with self._qlock:
                 if p.state == _QUEUED:
                     p.state = _CANCELLED
@@ -1278,11 +1280,6 @@ def _stored_zlib(data: bytes) -> bytes:
             break
     parts.append(struct.pack(">I", zlib.adler32(data)))
     return b"".join(parts)
-
-
-def _retrieved(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()
 
 
 def _read_once(conn: Any) -> None:

@@ -6,8 +6,10 @@ records what was synced and simulate power loss. Rules kept here:
 * journal records carry a magic, a length and a CRC32; a torn *last* record is cut off with a
   warning, a bad record with valid records after it is corruption and raises ``StorageCorrupt``
   naming the file (the node must not start: never silent loss);
-* ``sync()`` is one fdatasync for everything appended since the last one (group commit); the
-  binding calls it before an entry counts on the leader and before a follower acknowledges;
+* ``add()`` only keeps the record; ``sync()`` writes every record added since the last call
+  with one pwritev and makes them durable with one fdatasync (group commit); the binding calls
+  it before an entry counts on the leader and before a follower acknowledges (so with fsync
+  "never" too, a kill -9 loses no acknowledged entry);
 * the journal is zero-filled ahead of its end (``JOURNAL_CHUNK`` at a time, by a background
   thread) and records overwrite those zeros: an fdatasync then flushes data only, no size
   change for the file system journal to commit (3 nodes syncing 10 KB records at once on this
@@ -210,7 +212,9 @@ class Journal:
         self._entries: list[Entry] = []
         self._offsets: list[int] = []  # file offset of each entry's record
         self._end = len(JOURNAL_HEADER)  # after the last record
-        self._zeroed = self._end  # the file's size: zeros from _end up to here
+        self._unwritten: list[bytes] = []  # records added since the last sync, not yet written
+        self._wend = self._end  # after the last written record: _end - len(unwritten records)
+        self._zeroed = self._end  # the file's size: zeros from _wend up to here
         self._filler: threading.Thread | None = None  # zero-fills [_zeroed, _fill_to)
         self._fill_to = 0
         self._fill_size = min(_FIRST_CHUNK, chunk)
@@ -287,7 +291,7 @@ class Journal:
             self._entries.append(entry)
             self._offsets.append(off)
             off = nxt
-        self._end = self._zeroed = off
+        self._end = self._wend = self._zeroed = off
         try:
             self._file = disk.open(path)
             if off < len(data):  # cut the torn record and the zeros; they are written anew
@@ -302,6 +306,7 @@ class Journal:
         self._wait_fill()
         self._entries = list(entries)
         self._offsets = []
+        self._unwritten = []
         if self._disk is None or self._path is None:
             return
         buf = bytearray(JOURNAL_HEADER)
@@ -316,7 +321,7 @@ class Journal:
             self._file = self._disk.open(self._path)
         except OSError as e:
             raise StorageError(f"{self._path}: {e}") from e
-        self._end = self._zeroed = len(buf)
+        self._end = self._wend = self._zeroed = len(buf)
         self.dirty = False
         self._fill_size = min(_FIRST_CHUNK, self._chunk)
         self._fill_ahead(0)
@@ -324,17 +329,17 @@ class Journal:
     # ---------------------------------------------------------------- zero fill
 
     def _fill_ahead(self, need: int) -> None:
-        """Make sure the next ``need`` bytes can be written at ``_end`` without touching space
+        """Make sure the next ``need`` bytes can be written at ``_wend`` without touching space
         being zero-filled, and start filling the next chunk when less than half is left."""
         if self._file is None:
             return
         if self._filler is not None and (
-            not self._filler.is_alive() or self._end + need > self._zeroed
+            not self._filler.is_alive() or self._wend + need > self._zeroed
         ):
             self._wait_fill()  # finished, or we are about to write into it: wait
         size = self._fill_size
-        if self._filler is None and self._zeroed - (self._end + need) < size // 2:
-            start = max(self._zeroed, self._end + need)
+        if self._filler is None and self._zeroed - (self._wend + need) < size // 2:
+            start = max(self._zeroed, self._wend + need)
             self._fill_to = start + size
             self._fill_size = min(size * 2, self._chunk)
             self._filler = threading.Thread(
@@ -368,15 +373,31 @@ class Journal:
     # ---------------------------------------------------------------- durability
 
     def sync(self) -> None:
-        """One fdatasync for every record appended since the last call (no-op for 'never')."""
+        """Write the records added since the last call, then one fdatasync (none for
+        'never')."""
         if not self.dirty:
             return
         self.dirty = False
-        if self._file is not None and self._fsync:
-            try:
-                self._file.sync()
-            except OSError as e:
-                raise StorageError(f"{self._path}: fdatasync failed: {e}") from e
+        if self._file is not None:
+            self._write_added()
+            if self._fsync:
+                try:
+                    self._file.sync()
+                except OSError as e:
+                    raise StorageError(f"{self._path}: fdatasync failed: {e}") from e
+
+    def _write_added(self) -> None:
+        recs, self._unwritten = self._unwritten, []
+        if not recs or self._file is None:
+            return
+        size = self._end - self._wend
+        self._fill_ahead(size)
+        try:
+            self._file.write_at(self._wend, recs[0] if len(recs) == 1 else b"".join(recs))
+        except OSError as e:
+            raise StorageError(f"{self._path}: {e}") from e
+        self._wend = self._end
+        self._zeroed = max(self._zeroed, self._end)
 
     def term_at(self, idx: int) -> int | None:
         if not self._entries:
@@ -393,14 +414,9 @@ class Journal:
         if self._file is None:
             return
         rec = self._record(command, idx, term)
-        self._fill_ahead(len(rec))
-        try:
-            self._file.write_at(self._end, rec)
-        except OSError as e:
-            raise StorageError(f"{self._path}: {e}") from e
+        self._unwritten.append(rec)
         self._offsets.append(self._end)
         self._end += len(rec)
-        self._zeroed = max(self._zeroed, self._end)
         self.dirty = True
 
     def clear(self) -> None:
@@ -412,8 +428,9 @@ class Journal:
         first_removed = self._entries[entryFrom][1]
         del self._entries[entryFrom:]
         if self._file is not None:
+            self._write_added()  # (simplest: written, then cut with the rest)
             self._wait_fill()
-            self._end = self._zeroed = self._offsets[entryFrom]
+            self._end = self._wend = self._zeroed = self._offsets[entryFrom]
             del self._offsets[entryFrom:]
             try:  # cut, not zeroed in place: a later restart must not find the removed records
                 self._file.truncate(self._end)
