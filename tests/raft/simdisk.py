@@ -134,9 +134,9 @@ class _SimFile:
 def power_loss(shadow_dir: str, data_dir: str, torn: random.Random | None = None) -> dict[str, int]:
     """Rebuild ``data_dir`` from durable state only; returns the surviving files' sizes.
 
-    With ``torn``, a file that was not cut shorter since its last sync keeps a random prefix of
-    its unsynced changes (appended records, or records written over zero-filled space), as a
-    disk may write back part of the page cache before the power goes."""
+    With ``torn``, a file whose unsynced changes only add bytes (appended, or written over
+    zero-filled space) keeps a random prefix of them, as a disk may write back part of the
+    page cache before the power goes."""
     with open(os.path.join(shadow_dir, "state.json")) as f:
         state = json.load(f)
     d = os.path.abspath(data_dir)
@@ -158,7 +158,8 @@ def power_loss(shadow_dir: str, data_dir: str, torn: random.Random | None = None
         now = current.get(path, b"")
         if torn is not None and state["cur"].get(path) == ino and len(now) >= len(data):
             same = _common_prefix(data, now)
-            if same < len(now):
+            # Only new bytes tear: appended, or written over zero-filled space.
+            if same < len(now) and data.count(0, same) == len(data) - same:
                 cut = torn.randint(same, len(now))
                 data = now[:cut] + data[cut:]
         with open(path, "wb") as f:

@@ -26,6 +26,9 @@ def test_commits_survive_leader_kill_restart_and_full_cluster_restart(
     old.kill()
     new = c.leader()
     assert new is not old
+    # The survivors saw the leader's connection close and stood for election at once
+    # instead of waiting out the election timeout.
+    assert sum(p.ok("stats")["fast_elections"] for p in c.nodes.values() if p is not old) >= 1
     for i in range(20, 40):
         c.propose([publish("t", f"m-{i}")])
         acked.append(f"m-{i}")

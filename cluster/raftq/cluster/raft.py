@@ -43,6 +43,7 @@ import itertools
 import logging
 import os
 import pickle
+import random
 import signal
 import struct
 import threading
@@ -105,6 +106,11 @@ APPEND_PERIOD = 0.05  # heartbeat only: we send entries as soon as they are appe
 ELECTION_MIN, ELECTION_MAX = 1.0, 2.0  # longest Raft tick seen on the loaded box (load ~5 on
 # 2 cores): 250 ms during compaction, 90 ms on a leader streaming a 100 MB snapshot, 16 ms idle;
 # the 0.4 s default left too little margin. Failover (kill -9 of the leader) takes ~1-2.5 s.
+FAST_ELECTION_MIN, FAST_ELECTION_MAX = 0.15, 0.5  # after the connection to the leader drops
+# (a killed leader's peers see it close at once), and for retries until a leader is heard from
+# again: no live leader can be disrupted by a short timeout then. Spread so that two followers
+# rarely stand at once (a split vote). Failover measured: median 1.37 s, max 3.07 s with the
+# normal timeouts only.
 LEADER_FALLBACK = 2.5  # an isolated leader steps down soon after the others can elect a new
 # one (> ELECTION_MAX) instead of accepting doomed proposals for 30 s (default).
 CONNECTION_TIMEOUT = 10.0  # a follower restoring a 1M-message snapshot is busy for ~3 s; with
@@ -472,6 +478,9 @@ class _Binding(SyncObj):  # type: ignore[misc]
     def raftq_apply(self, data: bytes) -> None:
         self._rq._apply(data)
 
+    def _SyncObj__generateRaftTimeout(self) -> float:  # pysyncobj calls it by this name
+        return self._rq._election_timeout()
+
     def _checkCommandsToApply(self) -> None:
         super()._checkCommandsToApply()  # membership changes (pysyncobj's own queue)
         self._rq._drain()
@@ -524,6 +533,8 @@ class RaftNode:
         self._listeners: list[Callable[[], None]] = []
         self._fatal: BaseException | None = None
         self._stopping = False
+        self._leader_lost = False  # the connection to the leader dropped; none heard from since
+        self._orig_disconnected: Any = None
         self._thread: threading.Thread | None = None
         self._b: Any = None
         self._journal: Journal | None = None
@@ -546,6 +557,7 @@ class RaftNode:
             "max_tick_ms": 0,
             "snapshots": 0,
             "last_snapshot_ms": 0,
+            "fast_elections": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -617,6 +629,8 @@ class RaftNode:
         self._orig_on_message = b._SyncObj__onMessageReceived
         transport.send = self._send
         transport.setOnMessageReceivedCallback(self._on_message)
+        self._orig_disconnected = transport._onNodeDisconnectedCallback
+        transport.setOnNodeDisconnectedCallback(self._on_disconnected)
         self._notifier = PipeNotifier(b._poller)
         inner = getattr(b._poller, "_PollPoller__poll", None)
         if inner is not None:  # else (no select.poll) proposals always go through the queue
@@ -902,8 +916,33 @@ class RaftNode:
 
     # ------------------------------------------------------------------ transport hooks
 
+    def _election_timeout(self) -> float:
+        if self._leader_lost:
+            return random.uniform(FAST_ELECTION_MIN, FAST_ELECTION_MAX)
+        return random.uniform(ELECTION_MIN, ELECTION_MAX)
+
+    def _on_disconnected(self, node: Any) -> None:
+        """A follower whose connection to the leader drops stands for election soon instead of
+        waiting out the election timeout (kill -9 of the leader closes its sockets at once).
+        If the leader is alive and only this link broke, the election may move leadership
+        here: a short disruption, which the timeout would cause a little later anyway."""
+        self._orig_disconnected(node)
+        b = self._b
+        if node == b._SyncObj__raftLeader and b._SyncObj__raftState != _LEADER:
+            self._leader_lost = True
+            self.stats["fast_elections"] += 1
+            deadline = monotonic() + self._election_timeout()
+            b._SyncObj__raftElectionDeadline = min(b._SyncObj__raftElectionDeadline, deadline)
+
     def _on_message(self, node: Any, message: Any) -> None:
         b = self._b
+        if (
+            self._leader_lost
+            and isinstance(message, dict)
+            and message.get("type") == "append_entries"
+            and message.get("term", -1) >= b._SyncObj__raftCurrentTerm
+        ):
+            self._leader_lost = False  # a leader again: normal timeouts from here
         if (
             self._fix_acks
             and isinstance(message, dict)
