@@ -346,9 +346,15 @@ async def test_queue_full_means_not_applied(monkeypatch: pytest.MonkeyPatch) -> 
     try:
         await ns.leader()
         await node.propose([{"op": "create_topic", "topic": "t"}])
-        outcomes = await asyncio.gather(
-            *(node.propose([pub("t", b"%d" % i)]) for i in range(200)), return_exceptions=True
-        )
+        # A busy tick thread (here: its lock held) leaves proposals in the queue; a proposal
+        # made while it waits for events would be appended at once instead.
+        node._tick_lock.acquire()
+        try:
+            tasks = [asyncio.ensure_future(node.propose([pub("t", b"%d" % i)])) for i in range(200)]
+            await until("the queue to fill", lambda: sum(t.done() for t in tasks) >= 196)
+        finally:
+            node._tick_lock.release()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         full = [o for o in outcomes if isinstance(o, QueueFull)]
         done = [o for o in outcomes if isinstance(o, list)]
         assert full and done and len(full) + len(done) == 200
