@@ -545,3 +545,28 @@ async def test_shutdown_ends_open_streams_and_releases_their_deliveries() -> Non
         assert time.monotonic() - t0 < 5
         await asyncio.wait_for(reader, 5)
     assert raft.read(lambda b: b.group_stats(topic, "default")["in_flight"]) == 0
+
+
+async def test_readyz_waits_until_the_leaders_commit_index_is_applied_once(
+    node: tuple[LocalRaft, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted follower's own commit index is capped at its log: /readyz compares what it
+    applied with the commit index the leader sent, and latches once caught up."""
+    import dataclasses
+
+    raft, client = node
+    raft.set_follower("n9", "127.0.0.1:1")
+    status = raft.status
+    applied = [3]
+
+    def behind() -> Any:
+        st = status()
+        return dataclasses.replace(st, commit_index=3, applied_index=applied[0], leader_commit=50)
+
+    monkeypatch.setattr(raft, "status", behind)
+    r = await client.get("/readyz")
+    assert r.status == 503 and (await r.json())["caught_up"] is False
+    applied[0] = 50
+    assert (await client.get("/readyz")).status == 200
+    applied[0] = 48  # trailing a busy leader by a little afterwards: still ready
+    assert (await client.get("/readyz")).status == 200

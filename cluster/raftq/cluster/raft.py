@@ -195,6 +195,9 @@ class RaftStatus:
     members: dict[str, dict[str, Any]]
     running: bool = True
     error: str | None = None
+    # The commit index the leader last told this node (its own on the leader), not capped at
+    # this node's log as commit_index is; None until a leader was heard from since start.
+    leader_commit: int | None = None
 
 
 # ---------------------------------------------------------------------------- internals
@@ -1177,6 +1180,7 @@ class RaftNode:
             members=members,
             running=running,
             error=None if self._fatal is None else str(self._fatal),
+            leader_commit=b._SyncObj__leaderCommitIndex,
         )
 
     async def _on_tick_thread(

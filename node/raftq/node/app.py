@@ -168,6 +168,7 @@ class Api:
         )
         self.session: aiohttp.ClientSession | None = None
         self.draining = asyncio.Event()
+        self._caught_up = False  # /readyz: applied the leader's commit index once since start
         self._applied = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -868,7 +869,13 @@ class Api:
 
     async def readyz(self, request: web.Request) -> web.StreamResponse:
         st = self.raft.status()
-        caught_up = st.applied_index >= st.commit_index
+        if not self._caught_up and st.leader_id:
+            # Once since start: applied what the leader had committed (a restarted follower's
+            # own commit index is capped at its log, so it cannot tell on its own). Not checked
+            # again after that: a follower always trails a busy leader by an entry or two.
+            target = st.commit_index if st.leader_commit is None else st.leader_commit
+            self._caught_up = st.applied_index >= target
+        caught_up = self._caught_up
         ready = bool(st.leader_id) and caught_up and not self.draining.is_set()
         body = {
             "ready": ready,
