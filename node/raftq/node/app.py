@@ -169,6 +169,7 @@ class Api:
         self.session: aiohttp.ClientSession | None = None
         self.draining = asyncio.Event()
         self._caught_up = False  # /readyz: applied the leader's commit index once since start
+        self._notify_pending = False  # a _notify is scheduled on the loop (see _on_apply)
         self._applied = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -195,13 +196,16 @@ class Api:
     # ------------------------------------------------------------------ plumbing
 
     def _on_apply(self) -> None:
-        """Called from the Raft thread after each applied entry."""
+        """Called from the Raft thread after each applied entry: one wake-up of the loop for
+        all entries applied before it runs (each call_soon_threadsafe writes to a pipe)."""
         loop = self._loop
-        if loop is not None and not loop.is_closed():
+        if loop is not None and not loop.is_closed() and not self._notify_pending:
+            self._notify_pending = True
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._notify)
 
     def _notify(self) -> None:
+        self._notify_pending = False  # first: an entry applied from here on schedules again
         ev, self._applied = self._applied, asyncio.Event()
         ev.set()
         if self._waiters and not self._check_scheduled:
