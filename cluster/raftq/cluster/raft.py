@@ -236,9 +236,13 @@ class _Sealer:
         return AESGCM(key)
 
     def encrypt_at_time(self, data: bytes, ts: int) -> bytes:
+        return b"".join(self.seal_parts(data, ts))
+
+    def seal_parts(self, data: bytes, ts: int) -> tuple[bytes, bytes]:
+        """``encrypt_at_time`` as (header, ciphertext), to be sent without joining them."""
         nonce = next(self._counter).to_bytes(12, "big")
         head = self._HEAD.pack(1, ts, self._salt, nonce)
-        return head + self._aead.encrypt(nonce, data, head)
+        return head, self._aead.encrypt(nonce, data, head)
 
     def extract_timestamp(self, data: bytes) -> int:
         version, ts, _, _ = self._HEAD.unpack_from(data)
@@ -1053,10 +1057,26 @@ class RaftNode:
         if conn.sendRandKey:
             message = (conn.sendRandKey, message)
         data = _stored_zlib(pickle.dumps(message, PICKLE_PROTOCOL))
-        if conn.encryptor:
-            data = conn.encryptor.encrypt_at_time(data, int(monotonic()))
-        conn._TcpConnection__writeBuffer += struct.pack("i", len(data)) + data
-        conn._TcpConnection__trySendBuffer()
+        parts: tuple[bytes, ...] = (data,)
+        if isinstance(conn.encryptor, _Sealer):
+            parts = conn.encryptor.seal_parts(data, int(monotonic()))
+        elif conn.encryptor:
+            parts = (conn.encryptor.encrypt_at_time(data, int(monotonic())),)
+        size = sum(len(p) for p in parts)
+        parts = (struct.pack("i", size), *parts)
+        if conn._TcpConnection__writeBuffer:  # queued behind earlier bytes
+            conn._TcpConnection__writeBuffer += b"".join(parts)
+            conn._TcpConnection__trySendBuffer()
+        else:  # straight to the socket, the parts gathered by the kernel (no joined copy)
+            try:
+                sent = conn._TcpConnection__socket.sendmsg(parts)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                conn.disconnect()
+                return False
+            if sent < size + 4:
+                conn._TcpConnection__writeBuffer = b"".join(parts)[sent:]
         if conn.state != CONNECTION_STATE.CONNECTED:
             return False
         if self._fix_sends and conn.getSendBufferSize() > 0:
