@@ -541,6 +541,7 @@ class RaftNode:
         self._fatal: BaseException | None = None
         self._stopping = False
         self._leader_lost = False  # the connection to the leader dropped; none heard from since
+        self._send_pending = False  # appended off the tick thread, to be sent by it
         self._orig_disconnected: Any = None
         self._thread: threading.Thread | None = None
         self._b: Any = None
@@ -778,6 +779,10 @@ class RaftNode:
     def _after_tick(self) -> None:
         journal = self._journal
         assert journal is not None
+        if self._send_pending:
+            self._send_pending = False
+            if self._b._SyncObj__raftState == _LEADER:
+                self._b._SyncObj__sendAppendEntries()
         if journal.dirty:
             self._sync(journal)
         self._bound_reads()
@@ -866,7 +871,14 @@ class RaftNode:
         if added:
             # Send now (pysyncobj would wait for the next heartbeat), then sync while the
             # followers do the same: the leader counts itself at the start of the next tick.
-            b._SyncObj__sendAppendEntries()
+            # Not from the caller's thread when a follower needs the snapshot (reading it would
+            # stall the event loop): the tick thread sends then, once woken.
+            first = journal[0][1]
+            nxt = b._SyncObj__raftNextIndex
+            if sync or all(nxt.get(n, 0) > first for n in b._SyncObj__otherNodes):
+                b._SyncObj__sendAppendEntries()
+            else:
+                self._send_pending = True
             if sync:
                 self._sync(journal)
                 if not b._SyncObj__otherNodes:
