@@ -23,11 +23,14 @@ from raftq.cluster.storage import (
 def _journal(path: Path, n: int) -> list[tuple[bytes, int, int]]:
     j = Journal(OsDisk(), str(path), None)
     entries = [(b"cmd-%d" % i, i + 1, 1) for i in range(n)]
-    for e in entries:
+    for e in entries:  # one write (and fdatasync) per record
         j.add(*e)
-    j.sync()
+        j.sync()
     j._destroy()
     return entries
+
+
+REC = 12 + 24 + 5  # a record of "cmd-N": header, index/term/write start, command
 
 
 def _reopen(path: Path) -> list[tuple[bytes, int, int]]:
@@ -61,7 +64,7 @@ def test_torn_last_record_is_truncated_with_a_warning(
 ) -> None:
     path = tmp_path / "journal.log"
     entries = _journal(path, 4)
-    end = len(JOURNAL_HEADER) + 4 * 33  # each record is 12 + 16 + 5 = 33 bytes
+    end = len(JOURNAL_HEADER) + 4 * REC  # each record is 12 + 24 + 5 bytes
     assert path.stat().st_size > end  # zero-filled ahead
     with open(path, "r+b") as f:
         if how == "cut short":
@@ -78,6 +81,37 @@ def test_torn_last_record_is_truncated_with_a_warning(
     j.sync()
     j._destroy()
     assert _reopen(path) == [*entries[:3], (b"again", 4, 1)]
+
+
+def test_records_of_a_torn_last_write_may_land_in_any_order(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Power lost during the fdatasync of one write of several records: a later record of that
+    write on disk without an earlier one is a torn tail (nothing of it was acknowledged), not
+    corruption; a bad record followed by a record of a later write is corruption."""
+    path = tmp_path / "journal.log"
+    first = _journal(path, 2)
+    j = Journal(OsDisk(), str(path), None)
+    last = [(b"cmd-%d" % i, i + 1, 1) for i in range(2, 6)]
+    for e in last:
+        j.add(*e)
+    j.sync()  # one write of four records
+    j._destroy()
+    data = bytearray(path.read_bytes())
+    second_of_write = len(JOURNAL_HEADER) + 3 * REC
+    data[second_of_write : second_of_write + REC] = bytes(REC)  # its page never made it
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        assert _reopen(path) == [*first, last[0]]
+    assert "torn last record" in caplog.text
+    # The same damage in a write followed by a later, intact write: corruption.
+    path.unlink()
+    _journal(path, 6)  # one write per record
+    data = bytearray(path.read_bytes())
+    data[second_of_write : second_of_write + REC] = bytes(REC)
+    path.write_bytes(bytes(data))
+    with pytest.raises(StorageCorrupt, match="later write"):
+        _reopen(path)
 
 
 def test_zero_filled_space_after_the_last_record_is_a_clean_end(
@@ -121,8 +155,8 @@ def test_corrupt_record_before_the_end_stops_with_the_file_name(tmp_path: Path, 
     path = tmp_path / "journal.log"
     _journal(path, 6)
     data = bytearray(path.read_bytes())
-    rec = len(JOURNAL_HEADER) + 33  # second record
-    pos = {"payload": rec + 12 + 16 + 2, "length": rec + 5, "magic": rec}[where]
+    rec = len(JOURNAL_HEADER) + REC  # second record (each record its own write)
+    pos = {"payload": rec + 12 + 24 + 2, "length": rec + 5, "magic": rec}[where]
     data[pos] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(StorageCorrupt, match=re.escape(str(path))):

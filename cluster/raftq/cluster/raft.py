@@ -106,6 +106,7 @@ APPEND_PERIOD = 0.05  # heartbeat only: we send entries as soon as they are appe
 ELECTION_MIN, ELECTION_MAX = 1.0, 2.0  # longest Raft tick seen on the loaded box (load ~5 on
 # 2 cores): 250 ms during compaction, 90 ms on a leader streaming a 100 MB snapshot, 16 ms idle;
 # the 0.4 s default left too little margin. Failover (kill -9 of the leader) takes ~1-2.5 s.
+FAST_ELECTION_WINDOW = 2.0  # fast timeouts only this long after the leader's connection dropped
 FAST_ELECTION_MIN, FAST_ELECTION_MAX = 0.15, 0.5  # after the connection to the leader drops
 # (a killed leader's peers see it close at once), and for retries until a leader is heard from
 # again: no live leader can be disrupted by a short timeout then. Spread so that two followers
@@ -541,6 +542,7 @@ class RaftNode:
         self._fatal: BaseException | None = None
         self._stopping = False
         self._leader_lost = False  # the connection to the leader dropped; none heard from since
+        self._leader_lost_until = 0.0
         self._send_pending = False  # appended off the tick thread, to be sent by it
         self._orig_disconnected: Any = None
         self._thread: threading.Thread | None = None
@@ -689,18 +691,21 @@ class RaftNode:
     def _run(self) -> None:
         stats = self.stats
         last = time.monotonic()
-        while not self._stopping and self._fatal is None:
-            with self._tick_lock:
-                self._ticking = True
-                try:
-                    self._tick()
-                finally:
-                    self._ticking = False
-            now = time.monotonic()
-            # Longest tick (poll wait included): heartbeats stop while it runs.
-            stats["max_tick_ms"] = max(stats["max_tick_ms"], int((now - last) * 1000))
-            last = now
+        # Held from one tick to the next: only the poll wait releases it, so an entry appended
+        # by another thread is always synced (_after_tick) before a tick counts it (found by
+        # review: a single node committed such an entry unsynced when the lock was free between
+        # ticks).
         with self._tick_lock:
+            self._ticking = True
+            try:
+                while not self._stopping and self._fatal is None:
+                    self._tick()
+                    now = time.monotonic()
+                    # Longest tick (poll wait included): heartbeats stop while it runs.
+                    stats["max_tick_ms"] = max(stats["max_tick_ms"], int((now - last) * 1000))
+                    last = now
+            finally:
+                self._ticking = False
             self._closed = True
             try:
                 if self._fatal is None:
@@ -779,12 +784,14 @@ class RaftNode:
     def _after_tick(self) -> None:
         journal = self._journal
         assert journal is not None
-        if self._send_pending:
-            self._send_pending = False
-            if self._b._SyncObj__raftState == _LEADER:
-                self._b._SyncObj__sendAppendEntries()
-        if journal.dirty:
-            self._sync(journal)
+        try:
+            if self._send_pending:
+                self._send_pending = False
+                if self._b._SyncObj__raftState == _LEADER:
+                    self._b._SyncObj__sendAppendEntries()
+        finally:
+            if journal.dirty:
+                self._sync(journal)
         self._bound_reads()
         if self._acks:
             acks, self._acks = self._acks, []
@@ -939,6 +946,12 @@ class RaftNode:
     # ------------------------------------------------------------------ transport hooks
 
     def _election_timeout(self) -> float:
+        b = self._b
+        if self._leader_lost and (
+            b._SyncObj__raftState == _LEADER or monotonic() > self._leader_lost_until
+        ):
+            self._leader_lost = False  # won, or the loss is old: a one-way link to a live
+            # leader must not depose it every 0.15-0.5 s (pysyncobj has no pre-vote)
         if self._leader_lost:
             return random.uniform(FAST_ELECTION_MIN, FAST_ELECTION_MAX)
         return random.uniform(ELECTION_MIN, ELECTION_MAX)
@@ -952,6 +965,7 @@ class RaftNode:
         b = self._b
         if node == b._SyncObj__raftLeader and b._SyncObj__raftState != _LEADER:
             self._leader_lost = True
+            self._leader_lost_until = monotonic() + FAST_ELECTION_WINDOW
             self.stats["fast_elections"] += 1
             deadline = monotonic() + self._election_timeout()
             b._SyncObj__raftElectionDeadline = min(b._SyncObj__raftElectionDeadline, deadline)
@@ -1145,6 +1159,8 @@ class RaftNode:
             try:
                 if not self._closed and self._fatal is None and self._thread is not None:
                     self._append_queued(sync=False)
+            except Exception:  # as on the tick thread: logged; the outcome comes as usual
+                log.exception("raft append failed")
             finally:
                 self._tick_lock.release()
         self._wake()

@@ -3,11 +3,12 @@
 Every byte goes through a ``Disk`` (``OsDisk`` in production) so tests can inject a layer that
 records what was synced and simulate power loss. Rules kept here:
 
-* journal records carry a magic, a length and a CRC32; a torn *last* record is cut off with a
-  warning, a bad record with valid records after it is corruption and raises ``StorageCorrupt``
-  naming the file (the node must not start: never silent loss);
+* journal records carry a magic, a length, a CRC32 and the offset where the write carrying
+  them began; a torn last write is cut off with a warning (its records may reach the disk in
+  any order), a bad record followed by an intact record of a *later* write is corruption and
+  raises ``StorageCorrupt`` naming the file (the node must not start: never silent loss);
 * ``add()`` only keeps the record; ``sync()`` writes every record added since the last call
-  with one pwritev and makes them durable with one fdatasync (group commit); the binding calls
+  with one write and makes them durable with one fdatasync (group commit); the binding calls
   it before an entry counts on the leader and before a follower acknowledges (so with fsync
   "never" too, a kill -9 loses no acknowledged entry);
 * the journal is zero-filled ahead of its end (``JOURNAL_CHUNK`` at a time, by a background
@@ -40,9 +41,11 @@ log = logging.getLogger(__name__)
 Entry = tuple[bytes, int, int]  # (command, index, term) - pysyncobj's journal tuple
 
 JOURNAL_HEADER = b"RAFTQJ1\n"
-RECORD_MAGIC = 0x5251_4A52  # "RQJR"
+RECORD_MAGIC = 0x5251_4A53  # "SJQR": payload = index, term, write start, command
+RECORD_MAGIC_V1 = 0x5251_4A52  # "RJQR" (read only): payload = index, term, command
 _REC = struct.Struct("<III")  # magic, payload length, crc32(payload)
-_IDX = struct.Struct("<QQ")  # index, term
+_IDX = struct.Struct("<QQQ")  # index, term, offset where the write carrying the record began
+_IDX_V1 = struct.Struct("<QQ")
 JOURNAL_CHUNK = 8 << 20  # zero-filled ahead of the last record, at most; a new chunk is started
 # when less than half is left. Chunks start at 256 KiB after every open or compaction and double
 # (an idle node keeps a small file). Costs a second write of every journal byte, off the tick
@@ -230,24 +233,29 @@ class Journal:
     # ---------------------------------------------------------------- file format
 
     @staticmethod
-    def _record(command: bytes, idx: int, term: int) -> bytes:
-        payload = _IDX.pack(idx, term) + command
+    def _record(command: bytes, idx: int, term: int, write_start: int) -> bytes:
+        payload = _IDX.pack(idx, term, write_start) + command
         return _REC.pack(RECORD_MAGIC, len(payload), zlib.crc32(payload)) + payload
 
     @staticmethod
-    def _parse(data: bytes, off: int) -> tuple[Entry, int] | None:
-        """The record at ``off`` and the offset after it, or None when it is not intact."""
+    def _parse(data: bytes, off: int) -> tuple[Entry, int, int | None] | None:
+        """The record at ``off``, the offset after it and where the write that carried it
+        began (None for a v1 record), or None when it is not intact."""
         if off + _REC.size > len(data):
             return None
         magic, size, crc = _REC.unpack_from(data, off)
         start = off + _REC.size
-        if magic != RECORD_MAGIC or size < _IDX.size or start + size > len(data):
+        head = _IDX if magic == RECORD_MAGIC else _IDX_V1 if magic == RECORD_MAGIC_V1 else None
+        if head is None or size < head.size or start + size > len(data):
             return None
         payload = data[start : start + size]
         if zlib.crc32(payload) != crc:
             return None
-        idx, term = _IDX.unpack_from(payload)
-        return (payload[_IDX.size :], idx, term), start + size
+        if head is _IDX:
+            idx, term, write_start = _IDX.unpack_from(payload)
+            return (payload[_IDX.size :], idx, term), start + size, write_start
+        idx, term = _IDX_V1.unpack_from(payload)
+        return (payload[_IDX_V1.size :], idx, term), start + size, None
 
     def _load(self, disk: Disk, path: str) -> None:
         data = disk.read(path)
@@ -261,29 +269,33 @@ class Journal:
                 return
             raise StorageCorrupt(f"{path}: not a raftq journal (bad header)")
         off = len(JOURNAL_HEADER)
-        magic = _REC.pack(RECORD_MAGIC, 0, 0)[:4]
         while off < len(data):
             parsed = self._parse(data, off)
             if parsed is None:
                 if data.count(0, off) == len(data) - off:
                     break  # the zero-filled space after the last record
-                # Torn tail or corruption? Any intact record after this point means corruption.
-                probe = data.find(magic, off + 1)
-                while probe != -1:
-                    if self._parse(data, probe) is not None:
-                        raise StorageCorrupt(
-                            f"{path}: corrupt record at offset {off} followed by intact records"
-                            f" (at {probe}); refusing to start"
-                        )
-                    probe = data.find(magic, probe + 1)
-                log.warning(
-                    "journal %s: torn last record at offset %d truncated;"
-                    " it was never synced, so never acknowledged",
-                    path,
-                    off,
-                )
+                later = self._later_write(data, off)
+                if later is not None and self._fsync:
+                    raise StorageCorrupt(
+                        f"{path}: corrupt record at offset {off} followed by intact records"
+                        f" of a later write (at {later}); refusing to start"
+                    )
+                if later is not None:  # fsync "never": writes reach the disk in any order
+                    log.warning(
+                        "journal %s: record at offset %d lost (fsync never, power loss?);"
+                        " cut there: this node may have lost entries it acknowledged",
+                        path,
+                        off,
+                    )
+                else:
+                    log.warning(
+                        "journal %s: torn last record at offset %d truncated;"
+                        " it was never synced, so never acknowledged",
+                        path,
+                        off,
+                    )
                 break
-            entry, nxt = parsed
+            entry, nxt, _ = parsed
             if self._entries and entry[1] != self._entries[-1][1] + 1:
                 raise StorageCorrupt(
                     f"{path}: index gap at offset {off} ({self._entries[-1][1]} -> {entry[1]})"
@@ -301,6 +313,23 @@ class Journal:
             raise StorageError(f"{path}: {e}") from e
         self._fill_ahead(0)
 
+    @classmethod
+    def _later_write(cls, data: bytes, off: int) -> int | None:
+        """Torn tail or corruption? The offset of an intact record after ``off`` that was
+        written after the bytes at ``off`` had been synced (so those were durable and are now
+        corrupt), or None. Records of one write reach the disk in any order when the power
+        goes during its fdatasync (they overwrite zero-filled space: no file size orders
+        them), so a record of the same write (begun at or before ``off``) proves nothing."""
+        for magic in (RECORD_MAGIC, RECORD_MAGIC_V1):
+            pattern = _REC.pack(magic, 0, 0)[:4]
+            probe = data.find(pattern, off + 1)
+            while probe != -1:
+                parsed = cls._parse(data, probe)
+                if parsed is not None and (parsed[2] is None or parsed[2] > off):
+                    return probe
+                probe = data.find(pattern, probe + 1)
+        return None
+
     def _rewrite(self, entries: list[Entry]) -> None:
         """Replace the file with exactly ``entries`` (compaction, clear): atomic and durable."""
         self._wait_fill()
@@ -310,9 +339,10 @@ class Journal:
         if self._disk is None or self._path is None:
             return
         buf = bytearray(JOURNAL_HEADER)
+        start = len(buf)  # one write: the file is renamed into place whole
         for command, idx, term in self._entries:
             self._offsets.append(len(buf))
-            buf += self._record(command, idx, term)
+            buf += self._record(command, idx, term, start)
         try:
             if self._file is not None:
                 self._file.close()
@@ -413,7 +443,7 @@ class Journal:
         self._entries.append((command, idx, term))
         if self._file is None:
             return
-        rec = self._record(command, idx, term)
+        rec = self._record(command, idx, term, self._wend)  # written by the next sync, at _wend
         self._unwritten.append(rec)
         self._offsets.append(self._end)
         self._end += len(rec)
@@ -457,7 +487,8 @@ class Journal:
         if self._file is not None:
             try:
                 self._wait_fill()
-                self.sync()
+                self.sync()  # (may start another fill: wait for it before closing the file)
+                self._wait_fill()
             finally:
                 self._file.close()
                 self._file = None
