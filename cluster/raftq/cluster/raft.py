@@ -849,7 +849,7 @@ class RaftNode:
         b = self._b
         journal = self._journal
         assert journal is not None
-        added = False
+        added = 0
         with self._qlock:
             leader = b._SyncObj__raftState == _LEADER
             err = None if leader else self._not_leader("lost leadership before appending")
@@ -874,15 +874,16 @@ class RaftNode:
                     err = NotLeader(f"entry {idx} was superseded; not applied")
                     self._done.append((prev, None, err))
                 self._pending[idx] = p
-                added = True
+                added += 1
         if added:
             # Send now (pysyncobj would wait for the next heartbeat), then sync while the
             # followers do the same: the leader counts itself at the start of the next tick.
-            # Not from the caller's thread when a follower needs the snapshot (reading it would
-            # stall the event loop): the tick thread sends then, once woken.
-            first = journal[0][1]
+            # From the caller's thread only to followers that have everything before these
+            # entries: catching one up (batches up to 8 MB, or the snapshot) would stall the
+            # event loop; the tick thread sends then, once woken.
+            first_new = journal[-1][1] - added + 1
             nxt = b._SyncObj__raftNextIndex
-            if sync or all(nxt.get(n, 0) > first for n in b._SyncObj__otherNodes):
+            if sync or all(nxt.get(n, 0) >= first_new for n in b._SyncObj__otherNodes):
                 b._SyncObj__sendAppendEntries()
             else:
                 self._send_pending = True
