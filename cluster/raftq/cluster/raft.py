@@ -105,13 +105,14 @@ APPEND_PERIOD = 0.05  # heartbeat only: we send entries as soon as they are appe
 # made each wait for the next period: ~10 commands/s sequentially with the 0.1 s default).
 ELECTION_MIN, ELECTION_MAX = 1.0, 2.0  # longest Raft tick seen on the loaded box (load ~5 on
 # 2 cores): 250 ms during compaction, 90 ms on a leader streaming a 100 MB snapshot, 16 ms idle;
-# the 0.4 s default left too little margin. Failover (kill -9 of the leader) takes ~1-2.5 s.
+# the 0.4 s default left too little margin. Applies while the leader's connection is up (a hung
+# or partitioned leader); a killed leader's peers see its connection close: see below.
 FAST_ELECTION_WINDOW = 2.0  # fast timeouts only this long after the leader's connection dropped
 FAST_ELECTION_MIN, FAST_ELECTION_MAX = 0.15, 0.5  # after the connection to the leader drops
 # (a killed leader's peers see it close at once), and for retries until a leader is heard from
-# again: no live leader can be disrupted by a short timeout then. Spread so that two followers
-# rarely stand at once (a split vote). Failover measured: median 1.37 s, max 3.07 s with the
-# normal timeouts only.
+# again (within FAST_ELECTION_WINDOW). Spread so that two followers rarely stand at once (a
+# split vote). kill -9 of the leader -> publishes resume: median 1.37 s, max 3.07 s with the
+# normal timeouts only; 0.3-0.5 s, max < 0.9 s with these (raftq bench --cases f).
 LEADER_FALLBACK = 2.5  # an isolated leader steps down soon after the others can elect a new
 # one (> ELECTION_MAX) instead of accepting doomed proposals for 30 s (default).
 CONNECTION_TIMEOUT = 10.0  # a follower restoring a 1M-message snapshot is busy for ~3 s; with
@@ -528,7 +529,7 @@ class RaftNode:
         self._socket_buffer = socket_buffer
         self._rview = memoryview(bytearray(socket_buffer))  # reads land here (tick thread only)
         self._lock = threading.Lock()  # apply vs reads
-        self._tick_lock = threading.Lock()  # pysyncobj's state: the tick thread, but its waits
+        self._tick_lock = threading.Lock()  # pysyncobj's state; the tick thread's but in its waits
         self._ticking = False  # the tick thread holds _tick_lock (its waits may release it)
         self._closed = False  # pysyncobj destroyed (set under _tick_lock)
         self._qlock = threading.Lock()  # proposal queue and pending table
