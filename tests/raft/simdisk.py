@@ -110,9 +110,12 @@ class SimDisk:
             state["dur"] = dur
 
 
-class _SimFile:
-    def __init__(self, disk: SimDisk, path: str, f: DiskFile) -> None:
-        self.disk, self.path, self.f = disk, path, f
+class FileWrapper:
+    """A ``DiskFile`` that passes every call on to ``f``; test layers override what they
+    watch or break."""
+
+    def __init__(self, f: DiskFile) -> None:
+        self.f = f
 
     def write(self, data: bytes) -> None:
         self.f.write(data)
@@ -125,10 +128,19 @@ class _SimFile:
 
     def sync(self) -> None:
         self.f.sync()
-        self.disk.snapshot_inode(self.path)
 
     def close(self) -> None:
         self.f.close()
+
+
+class _SimFile(FileWrapper):
+    def __init__(self, disk: SimDisk, path: str, f: DiskFile) -> None:
+        super().__init__(f)
+        self.disk, self.path = disk, path
+
+    def sync(self) -> None:
+        self.f.sync()
+        self.disk.snapshot_inode(self.path)
 
 
 def power_loss(shadow_dir: str, data_dir: str, torn: random.Random | None = None) -> dict[str, int]:

@@ -21,6 +21,7 @@ from raftq.cluster.raft import (
 )
 from raftq.cluster.storage import DiskFile, OsDisk
 from tests.raft.harness import free_ports
+from tests.raft.simdisk import FileWrapper
 
 
 async def until(what: str, cond: Callable[[], object], timeout: float = 15.0) -> None:
@@ -244,26 +245,15 @@ async def test_a_send_larger_than_the_socket_buffer_is_flushed_without_waiting(
         await ns.close()
 
 
-class _FailingFile:
+class _FailingFile(FileWrapper):
     def __init__(self, f: DiskFile, armed: list[bool]) -> None:
-        self.f, self.armed = f, armed
-
-    def write(self, data: bytes) -> None:
-        self.f.write(data)
-
-    def write_at(self, offset: int, data: bytes) -> None:
-        self.f.write_at(offset, data)
-
-    def truncate(self, size: int) -> None:
-        self.f.truncate(size)
+        super().__init__(f)
+        self.armed = armed
 
     def sync(self) -> None:
         if self.armed[0]:
             raise OSError(5, "Input/output error")
         self.f.sync()
-
-    def close(self) -> None:
-        self.f.close()
 
 
 class _FailingDisk(OsDisk):
