@@ -85,3 +85,36 @@ async def test_a_caller_that_gave_up_before_sending_sends_nothing() -> None:
     await first
     await asyncio.sleep(0.01)
     assert send.calls == [[b"1"]]
+
+
+async def test_callers_woken_by_answers_publish_again_as_one_batch() -> None:
+    # As a pipelined producer: requests answered together, then the woken caller publishes
+    # more. Each answer used to free a slot that the first new call took alone.
+    send = FakeSend()
+    send.gate.clear()
+    c = Coalescer(send, max_inflight=2)
+    first = [c.submit_nowait(msg(i)) for i in range(3)]  # [0] at once, [1, 2] a turn later
+
+    async def refill() -> list[Any]:
+        await first[-1]
+        return await asyncio.gather(*(c.submit_nowait(msg(i)) for i in range(3, 7)))
+
+    task = asyncio.ensure_future(refill())
+    for _ in range(5):  # a few loop turns: the deferred batch is sent by a task of its own
+        await asyncio.sleep(0)
+    assert send.calls == [[b"0"], [b"1", b"2"]]
+    send.gate.set()
+    assert [r["seq"] for r in await task] == [3, 4, 5, 6]
+    assert send.calls[2:] == [[b"3", b"4", b"5", b"6"]]
+
+
+async def test_a_queue_longer_than_one_batch_is_split_evenly() -> None:
+    send = FakeSend()
+    send.gate.clear()
+    c = Coalescer(send, max_items=4, max_inflight=3)
+    futs = [c.submit_nowait(msg(i)) for i in range(6)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    send.gate.set()
+    assert [r["seq"] for r in await asyncio.gather(*futs)] == list(range(6))
+    assert send.calls == [[b"0"], [b"1", b"2", b"3"], [b"4", b"5"]]

@@ -1,11 +1,12 @@
 """Natural batching for ``AsyncClient.publish``: concurrent single publishes share requests.
 
-The first call goes out at once (no added latency when calls are sequential); calls made while
-``max_inflight`` requests are already out wait and leave together as one batch request, up to
-``max_items`` messages or ``max_bytes``. Each caller gets its own result. When a batch is refused
-for something one message may have caused (bad input, topic full), its messages are sent again
-one by one so that every caller learns its own definite outcome; the idempotency keys make that
-resend safe.
+The first call goes out at once when nothing is in flight (no added latency when calls are
+sequential); calls made while requests are out leave together, one loop turn later or when a
+slot frees, in batches of up to ``max_items`` messages or ``max_bytes`` (a longer queue is split
+into equal shares), at most ``max_inflight`` requests at once. Each caller gets its own result.
+When a batch is refused for something one message may have caused (bad input, topic full), its
+messages are sent again one by one so that every caller learns its own definite outcome; the
+idempotency keys make that resend safe.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Coalescer:
         self.max_inflight = max_inflight
         self._queue: deque[tuple[dict[str, Any], int, asyncio.Future[Any]]] = deque()
         self._inflight = 0
+        self._kick_soon = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def submit(self, message: dict[str, Any]) -> Any:
@@ -44,16 +46,29 @@ class Coalescer:
     def submit_nowait(self, message: dict[str, Any]) -> asyncio.Future[Any]:
         """Queue ``message``; the future resolves with its result (cancel it to unsend it while
         it is still queued)."""
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
         self._queue.append((message, len(message["payload"]) + 64, fut))
-        self._kick()
+        if not self._inflight:
+            self._kick()  # a lone call goes out at once
+        elif not self._kick_soon:
+            # Others are out: wait one loop turn, so that callers woken together join one batch
+            # instead of the first taking a free slot alone.
+            self._kick_soon = True
+            loop.call_soon(self._deferred_kick)
         return fut
+
+    def _deferred_kick(self) -> None:
+        self._kick_soon = False
+        self._kick()
 
     def _kick(self) -> None:
         while self._queue and self._inflight < self.max_inflight:
+            # Equal shares rather than full batches and a small rest: 257 queued go as 129 + 128.
+            share = -(-len(self._queue) // -(-len(self._queue) // self.max_items))
             batch: list[tuple[dict[str, Any], int, asyncio.Future[Any]]] = []
             size = 0
-            while self._queue and len(batch) < self.max_items:
+            while self._queue and len(batch) < share:
                 item = self._queue[0]
                 if batch and size + item[1] > self.max_bytes:
                     break
@@ -89,8 +104,14 @@ class Coalescer:
             if not isinstance(e, Exception):
                 raise
         finally:
-            self._inflight -= 1
-            self._kick()
+            # The slot frees once the callers just woken have run, so that what they publish
+            # next leaves as one batch: requests answered together each freed a slot that the
+            # first new call then took alone.
+            asyncio.get_running_loop().call_soon(self._release)
+
+    def _release(self) -> None:
+        self._inflight -= 1
+        self._kick()
 
     async def _one(self, item: tuple[dict[str, Any], int, asyncio.Future[Any]]) -> None:
         message, _, fut = item
