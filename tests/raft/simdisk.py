@@ -117,7 +117,7 @@ class FileWrapper:
     def __init__(self, f: DiskFile) -> None:
         self.f = f
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self.f.write(data)
 
     def write_at(self, offset: int, data: bytes) -> None:

@@ -9,15 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from raftq.cluster.raft import RaftConfig, RaftNode
+from raftq.cluster.raft import RaftConfig, RaftNode, _jitter
 from raftq.cluster.storage import (
     JOURNAL_HEADER,
+    DiskFile,
     Journal,
     MetaStore,
     OsDisk,
     StorageCorrupt,
     seal,
+    write_atomic,
 )
+from tests.raft.simdisk import FileWrapper
 
 
 def _journal(path: Path, n: int) -> list[tuple[bytes, int, int]]:
@@ -182,6 +185,47 @@ def test_meta_is_durable_and_checked(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(StorageCorrupt, match=r"meta\.bin"):
         MetaStore(OsDisk(), str(path), fsync=True)
+
+
+class _CountingDisk(OsDisk):
+    """Counts the bytes each fdatasync made durable."""
+
+    def __init__(self) -> None:
+        self.synced: list[int] = []
+
+    def create(self, path: str) -> DiskFile:
+        disk = self
+
+        class Counting(FileWrapper):
+            written = 0
+
+            def write(self, data: bytes | memoryview) -> None:
+                super().write(data)
+                self.written += len(data)
+
+            def sync(self) -> None:
+                super().sync()
+                disk.synced.append(self.written)
+
+        return Counting(super().create(path))
+
+
+@pytest.mark.parametrize(("chunk", "synced"), [(0, [10_000]), (4096, [4096, 8192, 10_000])])
+def test_a_whole_file_write_is_synced_every_chunk(
+    tmp_path: Path, chunk: int, synced: list[int]
+) -> None:
+    disk = _CountingDisk()
+    data = os.urandom(10_000)
+    write_atomic(disk, str(tmp_path / "snap"), data, True, chunk=chunk)
+    assert (tmp_path / "snap").read_bytes() == data
+    assert disk.synced == synced
+    assert not (tmp_path / "snap.tmp").exists()
+
+
+def test_snapshot_thresholds_differ_between_nodes_and_snapshots() -> None:
+    draws = [_jitter(1000) for _ in range(50)]
+    assert all(750 <= d <= 1250 for d in draws)
+    assert len({int(d) for d in draws}) > 10  # nodes applying the same entries drift apart
 
 
 def _config(tmp_path: Path) -> RaftConfig:

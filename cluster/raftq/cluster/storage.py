@@ -64,7 +64,7 @@ class StorageCorrupt(StorageError):
 
 
 class DiskFile(Protocol):
-    def write(self, data: bytes) -> None: ...  # sequentially from offset 0 (``create``)
+    def write(self, data: bytes | memoryview) -> None: ...  # sequentially from offset 0
     def write_at(self, offset: int, data: bytes) -> None: ...
     def truncate(self, size: int) -> None: ...
     def sync(self) -> None: ...
@@ -84,7 +84,7 @@ class _OsFile:
     def __init__(self, path: str, flags: int) -> None:
         self.fd = os.open(path, flags | os.O_WRONLY | os.O_CREAT, 0o644)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         while view:
             n = os.write(self.fd, view)
@@ -137,16 +137,22 @@ class OsDisk:
             os.close(fd)
 
 
-def write_atomic(disk: Disk, path: str, data: bytes, fsync: bool, tmp: str = ".tmp") -> None:
+def write_atomic(
+    disk: Disk, path: str, data: bytes, fsync: bool, tmp: str = ".tmp", chunk: int = 0
+) -> None:
     """Replace ``path`` with ``data``: temp file, fsync, rename, directory fsync. Writers that
     may run at the same time (a snapshot writer and a snapshot install) use distinct ``tmp``
-    suffixes."""
+    suffixes. With ``chunk``, the file is synced every ``chunk`` bytes: a background writer's
+    one fdatasync of a 70 MB snapshot held the journal fsyncs sharing the disk for 0.1-0.2 s."""
     tmp = path + tmp
     f = disk.create(tmp)
+    view = memoryview(data)
+    step = chunk or max(len(view), 1)
     try:
-        f.write(data)
-        if fsync:
-            f.sync()
+        for off in range(0, max(len(view), 1), step):
+            f.write(view[off : off + step])
+            if fsync:
+                f.sync()
     finally:
         f.close()
     disk.rename(tmp, path)
