@@ -74,6 +74,9 @@ class SimDisk:
     def read(self, path: str) -> bytes | None:
         return self.real.read(path)
 
+    def listdir(self, path: str) -> list[str]:
+        return self.real.listdir(path)
+
     def open(self, path: str) -> DiskFile:
         path = os.path.abspath(path)
         f = self.real.open(path)

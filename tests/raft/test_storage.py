@@ -11,7 +11,7 @@ import pytest
 
 from raftq.cluster.raft import RaftConfig, RaftNode, _jitter
 from raftq.cluster.storage import (
-    JOURNAL_HEADER,
+    SEGMENT_HEADER,
     DiskFile,
     Journal,
     MetaStore,
@@ -34,6 +34,7 @@ def _journal(path: Path, n: int) -> list[tuple[bytes, int, int]]:
 
 
 REC = 12 + 24 + 5  # a record of "cmd-N": header, index/term/write start, command
+HEAD = len(SEGMENT_HEADER) + 8  # segment header: magic, first index
 
 
 def _reopen(path: Path) -> list[tuple[bytes, int, int]]:
@@ -67,7 +68,7 @@ def test_torn_last_record_is_truncated_with_a_warning(
 ) -> None:
     path = tmp_path / "journal.log"
     entries = _journal(path, 4)
-    end = len(JOURNAL_HEADER) + 4 * REC  # each record is 12 + 24 + 5 bytes
+    end = HEAD + 4 * REC  # each record is 12 + 24 + 5 bytes
     assert path.stat().st_size > end  # zero-filled ahead
     with open(path, "r+b") as f:
         if how == "cut short":
@@ -101,7 +102,7 @@ def test_records_of_a_torn_last_write_may_land_in_any_order(
     j.sync()  # one write of four records
     j._destroy()
     data = bytearray(path.read_bytes())
-    second_of_write = len(JOURNAL_HEADER) + 3 * REC
+    second_of_write = HEAD + 3 * REC
     data[second_of_write : second_of_write + REC] = bytes(REC)  # its page never made it
     path.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING):
@@ -158,7 +159,7 @@ def test_corrupt_record_before_the_end_stops_with_the_file_name(tmp_path: Path, 
     path = tmp_path / "journal.log"
     _journal(path, 6)
     data = bytearray(path.read_bytes())
-    rec = len(JOURNAL_HEADER) + REC  # second record (each record its own write)
+    rec = HEAD + REC  # second record (each record its own write)
     pos = {"payload": rec + 12 + 24 + 2, "length": rec + 5, "magic": rec}[where]
     data[pos] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -236,7 +237,7 @@ def test_node_refuses_to_start_on_a_corrupt_journal(tmp_path: Path) -> None:
     _journal(tmp_path / "journal.log", 5)
     path = tmp_path / "journal.log"
     data = bytearray(path.read_bytes())
-    data[len(JOURNAL_HEADER) + 20] ^= 0xFF
+    data[HEAD + 20] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(StorageCorrupt, match=r"journal\.log"):
         RaftNode(_config(tmp_path)).start()
@@ -259,3 +260,97 @@ def test_node_refuses_to_start_when_the_snapshot_before_the_journal_is_missing(
     j._destroy()
     with pytest.raises(StorageCorrupt, match="snapshot before it is missing"):
         RaftNode(_config(tmp_path)).start()
+
+
+def _segments(path: Path) -> list[str]:
+    return sorted(p.name for p in path.parent.iterdir() if p.name.startswith(path.name))
+
+
+def _more(j: Journal, lo: int, hi: int, term: int = 1) -> list[tuple[bytes, int, int]]:
+    added = [(b"cmd-%d" % (i - 1), i, term) for i in range(lo, hi + 1)]
+    for e in added:
+        j.add(*e)
+    j.sync()
+    return added
+
+
+def test_compaction_after_a_roll_deletes_the_old_segment_and_rewrites_nothing(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.log"
+    entries = _journal(path, 10)
+    j = Journal(OsDisk(), str(path), None)
+    j.roll(8)  # a snapshot of entries up to 7 begins: 8.. are copied into a new segment
+    entries += _more(j, 11, 12)
+    assert _segments(path) == ["journal.log", "journal.log.1"]
+    assert _reopen(path) == entries  # a crash before the compaction loses nothing
+    new = (tmp_path / "journal.log.1").stat()
+    j.deleteEntriesTo(7)  # the snapshot is durable: entries before 8 go
+    entries += _more(j, 13, 13)
+    j._destroy()
+    assert _segments(path) == ["journal.log.1"]
+    assert (tmp_path / "journal.log.1").stat().st_ino == new.st_ino  # not rewritten
+    assert _reopen(path) == entries[7:]
+
+
+def test_a_newer_segment_replaces_the_older_copies_from_its_first_index(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    entries = _journal(path, 10)
+    j = Journal(OsDisk(), str(path), None)
+    j.roll(8)
+    j.deleteEntriesFrom(8)  # a new leader's log differs from index 9 on
+    j.add(b"other", 9, 2)
+    j.sync()
+    j._destroy()
+    # The old segment still holds 9 and 10 of term 1: the new one wins from 8 on.
+    assert _reopen(path) == [*entries[:8], (b"other", 9, 2)]
+
+
+def test_cutting_into_an_older_segment_rewrites_the_journal(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    entries = _journal(path, 10)
+    j = Journal(OsDisk(), str(path), None)
+    j.roll(8)
+    j.deleteEntriesFrom(4)
+    j._destroy()
+    assert _segments(path) == ["journal.log.2"]
+    assert _reopen(path) == entries[:4]
+
+
+def test_clear_outlives_older_segments_whose_deletion_was_lost(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    _journal(path, 10)
+    j = Journal(OsDisk(), str(path), None)
+    j.roll(8)
+    saved = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    j.clear()  # a snapshot install: nothing of the old log may come back
+    j._destroy()
+    for name, data in saved.items():  # as if the deletions never reached the disk
+        (tmp_path / name).write_bytes(data)
+    assert _segments(path) == ["journal.log", "journal.log.1", "journal.log.2"]
+    assert _reopen(path) == []
+
+
+def test_history_older_than_a_compacted_segment_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    entries = _journal(path, 10)
+    stale = path.read_bytes()
+    j = Journal(OsDisk(), str(path), None)
+    entries += _more(j, 11, 25)
+    j.roll(20)
+    j.deleteEntriesTo(19)
+    j._destroy()
+    path.write_bytes(stale)  # 1..10: compacted, but its deletion was lost
+    assert _reopen(path) == entries[19:]
+
+
+def test_a_journal_from_before_segments_is_read_and_appended_to(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    entries = _journal(path, 3)
+    data = path.read_bytes()
+    path.write_bytes(b"RAFTQJ1\n" + data[HEAD:])  # the old header, same records
+    j = Journal(OsDisk(), str(path), None)
+    entries += _more(j, 4, 5)
+    j._destroy()
+    assert _segments(path) == ["journal.log"]
+    assert _reopen(path) == entries

@@ -323,6 +323,11 @@ class _Snapshots:
             self._mem = self._blob(data)
             self._mem_done = True
             return
+        # The entries this snapshot covers then sit in older journal segments only: the
+        # compaction after it deletes them instead of rewriting the rest.
+        journal = self._owner._journal
+        if journal is not None:
+            journal.roll(id_)
         # A forked child writes the snapshot from a copy-on-write image of the state, so the
         # tick thread (heartbeats) never waits for it: 1M messages take seconds to serialize.
         try:
