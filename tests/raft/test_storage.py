@@ -17,6 +17,7 @@ from raftq.cluster.storage import (
     MetaStore,
     OsDisk,
     StorageCorrupt,
+    StorageError,
     seal,
     write_atomic,
 )
@@ -34,7 +35,7 @@ def _journal(path: Path, n: int) -> list[tuple[bytes, int, int]]:
 
 
 REC = 12 + 24 + 5  # a record of "cmd-N": header, index/term/write start, command
-HEAD = len(SEGMENT_HEADER) + 8  # segment header: magic, first index
+HEAD = len(SEGMENT_HEADER) + 16  # segment header: magic, first index, end of its first write
 
 
 def _reopen(path: Path) -> list[tuple[bytes, int, int]]:
@@ -353,4 +354,64 @@ def test_a_journal_from_before_segments_is_read_and_appended_to(tmp_path: Path) 
     entries += _more(j, 4, 5)
     j._destroy()
     assert _segments(path) == ["journal.log"]
+    assert _reopen(path) == entries
+
+
+@pytest.mark.parametrize("which", [0, 2])  # first or last of the copied records
+def test_a_bad_record_among_those_written_with_a_segment_is_corruption(
+    tmp_path: Path, which: int
+) -> None:
+    # Written and synced before the segment got its name: it cannot be a torn write.
+    path = tmp_path / "journal.log"
+    _journal(path, 10)
+    j = Journal(OsDisk(), str(path), None)
+    j.roll(8)  # copies 8, 9, 10
+    j._destroy()
+    seg = tmp_path / "journal.log.1"
+    data = bytearray(seg.read_bytes())
+    data[HEAD + which * REC + 20] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    with pytest.raises(StorageCorrupt, match=r"journal\.log\.1.*synced before"):
+        _reopen(path)
+
+
+class _NoNewFiles(OsDisk):
+    def create(self, path: str) -> DiskFile:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_failed_segment_switch_stops_the_journal(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    entries = _journal(path, 10)
+    j = Journal(OsDisk(), str(path), None)
+    j._disk = _NoNewFiles()
+    with pytest.raises(StorageError, match="No space"):
+        j.clear()  # (pysyncobj swallows errors of a snapshot install's clear)
+    with pytest.raises(StorageError, match="No space"):
+        j.add(b"x", 11, 1)  # nothing more is acknowledged from memory alone
+    with pytest.raises(StorageError, match="No space"):
+        j.sync()
+    j._disk = OsDisk()
+    j._destroy()
+    assert _reopen(path) == entries
+
+
+def test_a_roll_for_a_failed_snapshot_attempt_serves_the_next_one(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    entries = _journal(path, 10)
+    j = Journal(OsDisk(), str(path), None)
+    j.roll(6)
+    entries += _more(j, 11, 12)
+    j.roll(9)  # the first attempt failed; the segment from 6 on still lets compaction delete
+    j.deleteEntriesTo(8)
+    j._destroy()
+    assert _segments(path) == ["journal.log.1"]
+    assert _reopen(path) == entries[5:]
+
+
+def test_files_that_only_look_like_segments_are_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    entries = _journal(path, 3)
+    for name in ("journal.log.0", "journal.log.01", "journal.log.1.tmp"):
+        (tmp_path / name).write_bytes(b"junk")
     assert _reopen(path) == entries

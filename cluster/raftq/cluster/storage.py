@@ -22,7 +22,10 @@ records what was synced and simulate power loss. Rules kept here:
   with the few entries after the snapshot point copied, so the compaction that follows deletes
   older segments instead of rewriting what it keeps; a clear or a cut into an older segment
   writes a new segment with exactly the remaining entries. Deleting is never made durable: a
-  segment that comes back after a crash only holds replaced or snapshotted entries;
+  segment that comes back after a crash only holds replaced or snapshotted entries. The
+  records written with a segment's header are synced with it (its header says where they
+  end), so a bad one is corruption, never a torn write. Older versions read only
+  ``journal.log``: downgrading after a roll is not supported;
 * small files (meta, snapshots) are replaced atomically: temp file, fsync, rename, directory
   fsync.
 
@@ -48,8 +51,9 @@ log = logging.getLogger(__name__)
 Entry = tuple[bytes, int, int]  # (command, index, term) - pysyncobj's journal tuple
 
 JOURNAL_HEADER = b"RAFTQJ1\n"  # a journal written before segments (read only)
-SEGMENT_HEADER = b"RAFTQJ2\n"  # + the segment's first index: it replaces older segments from there
-_FIRST = struct.Struct("<Q")
+SEGMENT_HEADER = b"RAFTQJ2\n"  # + _SEG: a segment replaces older segments' entries from its
+_SEG = struct.Struct("<QQ")  # first index; the records before "whole end" were synced with it
+_SEG_WHOLE = struct.Struct("<Q")
 ROLL_MAX_BYTES = 8 << 20  # a segment is started with at most this much copied into it
 RECORD_MAGIC = 0x5251_4A53  # "SJQR": payload = index, term, write start, command
 RECORD_MAGIC_V1 = 0x5251_4A52  # "RJQR" (read only): payload = index, term, command
@@ -250,6 +254,8 @@ class Journal:
         self._cur_first: int | None = None  # the current segment replaces entries from here
         self._older: list[tuple[int, str, int | None]] = []  # (generation, path, first)
         self._remover: threading.Thread | None = None  # deletes segments no longer needed
+        self._broken: StorageError | None = None  # a segment switch failed: refuse to go on
+        self._whole = 0  # the current segment's records before this offset were synced whole
         self.dirty = False
         self._term = meta.term if meta else 0
         self._vote: str | None = meta.voted_for if meta else None
@@ -298,7 +304,9 @@ class Journal:
         except OSError as e:
             raise StorageError(f"{directory}: {e}") from e
         tail = [n[len(base) + 1 :] for n in names if n.startswith(base + ".")]
-        gens = sorted([0] * (base in names) + [int(t) for t in tail if t.isdigit()])
+        gens = sorted(
+            [0] * (base in names) + [int(t) for t in tail if t.isdigit() and not t.startswith("0")]
+        )
         entries: list[Entry] = []
         offsets: list[int] = []
         segs: list[tuple[int, str, int | None]] = []
@@ -324,6 +332,8 @@ class Journal:
             self._rewrite(entries)  # a new segment; the others are removed
             return
         self._end = self._wend = self._zeroed = end
+        if data.startswith(SEGMENT_HEADER):
+            self._whole = _SEG.unpack_from(data, len(SEGMENT_HEADER))[1]
         try:
             self._file = disk.open(self._cur_path)
             if end < len(data):  # cut the torn record and the zeros; they are written anew
@@ -337,10 +347,11 @@ class Journal:
         """A segment's first index (None: a journal from before segments), its intact entries,
         their offsets and the offset after the last one (0: no header). A torn last write is
         cut with a warning; corruption raises ``StorageCorrupt``."""
-        head = len(SEGMENT_HEADER) + _FIRST.size
+        head = len(SEGMENT_HEADER) + _SEG.size
         first: int | None = None
+        whole = 0  # records before this offset were synced with the header: never torn
         if data.startswith(SEGMENT_HEADER) and len(data) >= head:
-            (first,) = _FIRST.unpack_from(data, len(SEGMENT_HEADER))
+            first, whole = _SEG.unpack_from(data, len(SEGMENT_HEADER))
             off = head
         elif data.startswith(JOURNAL_HEADER):
             off = len(JOURNAL_HEADER)
@@ -357,6 +368,11 @@ class Journal:
         while off < len(data):
             parsed = self._parse(data, off)
             if parsed is None:
+                if off < whole:
+                    raise StorageCorrupt(
+                        f"{path}: corrupt record at offset {off}, written and synced before"
+                        f" the segment was named; refusing to start"
+                    )
                 if data.count(0, off) == len(data) - off:
                     break  # the zero-filled space after the last record
                 later = self._later_write(data, off)
@@ -422,25 +438,30 @@ class Journal:
         self._offsets = [-1] * len(before)
         if self._disk is None or self._path is None:
             return
-        buf = bytearray(SEGMENT_HEADER + _FIRST.pack(first))
-        start = len(buf)  # one write: the file is renamed into place whole
+        start = len(SEGMENT_HEADER) + _SEG.size
+        buf = bytearray(start)
         for command, idx, term in keep:
             self._offsets.append(len(buf))
             buf += self._record(command, idx, term, start)
+        buf[:start] = SEGMENT_HEADER + _SEG.pack(first, len(buf))
         gen = self._gen + 1
         path = self._segment_path(gen)
         try:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-            write_atomic(self._disk, path, bytes(buf), self._fsync)
-            self._file = self._disk.open(path)
+            # Synced with fsync "never" too (rare): a new name is not flushed by a rename over
+            # an old one, and losing it could bring back the entries it replaces.
+            write_atomic(self._disk, path, bytes(buf), True)
+            new = self._disk.open(path)
         except OSError as e:
-            raise StorageError(f"{path}: {e}") from e
+            self._broken = StorageError(f"{path}: {e}")
+            raise self._broken from e
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+        self._file = new
         if self._gen >= 0:
             self._older.append((self._gen, self._cur_path, self._cur_first))
         self._gen, self._cur_path, self._cur_first = gen, path, first
-        self._end = self._wend = self._zeroed = len(buf)
+        self._end = self._wend = self._zeroed = self._whole = len(buf)
         self.dirty = False
         self._fill_size = min(_FIRST_CHUNK, self._chunk)
         self._fill_ahead(0)
@@ -475,23 +496,35 @@ class Journal:
         covering the entries before ``first`` is being written). The compaction after it then
         deletes the older segments instead of rewriting the entries it keeps: rewriting ~40 MB
         of entries held the Raft thread for ~0.2 s. Skipped (compaction rewrites, as before)
-        when more than ``ROLL_MAX_BYTES`` would be copied."""
+        when more than ``ROLL_MAX_BYTES`` would be copied, and when a roll for an earlier
+        snapshot attempt that failed already serves."""
         if self._file is None or not self._entries:
             return
         pos = first - self._entries[0][1]
-        if not 0 <= pos <= len(self._entries):
+        if not 0 < pos <= len(self._entries):
+            return  # nothing before it to compact, or not in the log
+        if self._older and self._cur_first is not None and self._cur_first <= first:
             return
         keep = self._entries[pos:]
         if sum(len(command) for command, _, _ in keep) > ROLL_MAX_BYTES:
             return
-        self.sync()  # what the current segment holds is durable before a newer one exists
+        # What the current segment holds is made durable before a newer one exists; no new
+        # zero-fill is started in a file that is about to be left.
+        self._write_added(fill=False)
+        if self._fsync and self.dirty:
+            try:
+                self._file.sync()
+            except OSError as e:
+                raise StorageError(f"{self._cur_path}: fdatasync failed: {e}") from e
+        self.dirty = False
         self._start_segment(keep, first, self._entries[:pos])
 
     # ---------------------------------------------------------------- zero fill
 
-    def _fill_ahead(self, need: int) -> None:
+    def _fill_ahead(self, need: int, more: bool = True) -> None:
         """Make sure the next ``need`` bytes can be written at ``_wend`` without touching space
-        being zero-filled, and start filling the next chunk when less than half is left."""
+        being zero-filled, and (``more``) start filling the next chunk when less than half is
+        left."""
         if self._file is None:
             return
         if self._filler is not None and (
@@ -499,7 +532,7 @@ class Journal:
         ):
             self._wait_fill()  # finished, or we are about to write into it: wait
         size = self._fill_size
-        if self._filler is None and self._zeroed - (self._wend + need) < size // 2:
+        if more and self._filler is None and self._zeroed - (self._wend + need) < size // 2:
             start = max(self._zeroed, self._wend + need)
             self._fill_to = start + size
             self._fill_size = min(size * 2, self._chunk)
@@ -536,6 +569,8 @@ class Journal:
     def sync(self) -> None:
         """Write the records added since the last call, then one fdatasync (none for
         'never')."""
+        if self._broken is not None:
+            raise self._broken
         if not self.dirty:
             return
         self.dirty = False
@@ -547,12 +582,12 @@ class Journal:
                 except OSError as e:
                     raise StorageError(f"{self._cur_path}: fdatasync failed: {e}") from e
 
-    def _write_added(self) -> None:
+    def _write_added(self, fill: bool = True) -> None:
         recs, self._unwritten = self._unwritten, []
         if not recs or self._file is None:
             return
         size = self._end - self._wend
-        self._fill_ahead(size)
+        self._fill_ahead(size, fill)
         try:
             self._file.write_at(self._wend, recs[0] if len(recs) == 1 else b"".join(recs))
         except OSError as e:
@@ -571,6 +606,8 @@ class Journal:
     # ---------------------------------------------------------------- pysyncobj's interface
 
     def add(self, command: bytes, idx: int, term: int) -> None:
+        if self._broken is not None:
+            raise self._broken
         self._entries.append((command, idx, term))
         if self._file is None:
             return
@@ -598,7 +635,15 @@ class Journal:
             self._wait_fill()
             self._end = self._wend = self._zeroed = self._offsets[entryFrom]
             del self._offsets[entryFrom:]
-            try:  # cut, not zeroed in place: a later restart must not find the removed records
+            try:
+                if self._end < self._whole:
+                    # The header first says the synced-whole records end here (synced even
+                    # with fsync "never"): a cut that reaches the disk before it would read
+                    # as corruption.
+                    self._whole = self._end
+                    self._file.write_at(len(SEGMENT_HEADER) + 8, _SEG_WHOLE.pack(self._end))
+                    self._file.sync()
+                # cut, not zeroed in place: a later restart must not find the removed records
                 self._file.truncate(self._end)
             except OSError as e:
                 raise StorageError(f"{self._cur_path}: {e}") from e
@@ -607,8 +652,7 @@ class Journal:
             self.on_truncate(first_removed)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
-        if entryTo <= 0:
-            return
+        entryTo = max(entryTo, 0)
         keep_from = self._entries[entryTo][1] if entryTo < len(self._entries) else None
         del self._entries[:entryTo]
         del self._offsets[:entryTo]
@@ -618,7 +662,7 @@ class Journal:
             # Rolled at or before the cut: what older segments still contribute (entries before
             # the current segment's first) is all cut.
             self._remove_older()
-        else:
+        elif entryTo:
             self._rewrite(self._entries)
 
     @overload
@@ -636,7 +680,8 @@ class Journal:
         if self._file is not None:
             try:
                 self._wait_fill()
-                self.sync()  # (may start another fill: wait for it before closing the file)
+                if self._broken is None:
+                    self.sync()  # (may start another fill: wait for it before closing the file)
                 self._wait_fill()
             finally:
                 self._file.close()
