@@ -6,10 +6,12 @@ import logging
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
+import msgpack
 import pytest
 
-from raftq.cluster.raft import RaftConfig, RaftNode, _jitter
+from raftq.cluster.raft import RaftConfig, RaftNode, _jitter, _Snapshots
 from raftq.cluster.storage import (
     SEGMENT_HEADER,
     DiskFile,
@@ -415,3 +417,14 @@ def test_files_that_only_look_like_segments_are_left_alone(tmp_path: Path) -> No
     for name in ("journal.log.0", "journal.log.01", "journal.log.1.tmp"):
         (tmp_path / name).write_bytes(b"junk")
     assert _reopen(path) == entries
+
+
+@pytest.mark.parametrize("size", [10, 300, 70_000])  # bin 8, 16 and 32 headers
+def test_a_snapshot_written_in_parts_is_the_sealed_msgpack_body(size: int) -> None:
+    snap = os.urandom(size)
+    snaps = _Snapshots.__new__(_Snapshots)
+    snaps._owner = SimpleNamespace(broker=SimpleNamespace(snapshot=lambda: snap))  # type: ignore[assignment]
+    node = SimpleNamespace(id="127.0.0.1:9001", raftq_id="n1", raftq_api="127.0.0.1:8001")
+    blob = b"".join(snaps._blob((None, (b"x", 7, 2), (b"y", 6, 2), [node])))
+    body = [1, [b"x", 7, 2], [b"y", 6, 2], [["127.0.0.1:9001", "n1", "127.0.0.1:8001"]], snap]
+    assert blob == seal(msgpack.packb(body, use_bin_type=True))

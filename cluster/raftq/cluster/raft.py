@@ -76,7 +76,7 @@ from raftq.cluster.storage import (
     OsDisk,
     StorageCorrupt,
     StorageError,
-    seal,
+    seal_parts,
     unseal,
     write_atomic,
 )
@@ -304,15 +304,18 @@ class _Snapshots:
         self._rx: bytearray | None = None
         self.installed = False  # the next deserialize() is a snapshot install, not startup
 
-    def _blob(self, data: Any) -> bytes:
+    def _blob(self, data: Any) -> list[bytes]:
+        """The snapshot file's bytes in parts: ``seal(msgpack(body))`` without copying the
+        broker's snapshot twice more (~0.15-0.3 s of the writer's 1-1.5 s for 65 MB)."""
         last, prev, cluster = data[1], data[2], data[3]
         nodes = [
             [n.id, getattr(n, "raftq_id", n.id), getattr(n, "raftq_api", "")]
             for n in sorted(cluster, key=lambda n: str(n.id))
         ]
         snap = self._owner.broker.snapshot()
-        body = [1, list(last), list(prev), nodes, snap]
-        return seal(msgpack.packb(body, use_bin_type=True))
+        head = msgpack.packb([1, list(last), list(prev), nodes], use_bin_type=True)
+        # A five-element array: the four above (after their one-byte array header) + bin(snap).
+        return seal_parts([b"\x95", head[1:], _bin_header(len(snap)), snap])
 
     def serialize(self, data: Any, id_: Any) -> None:
         if self._pid or self._mem_done or time.monotonic() < self._retry_at:
@@ -320,7 +323,7 @@ class _Snapshots:
         self._id = id_
         self._started = time.monotonic()
         if self._disk is None or self._path is None:
-            self._mem = self._blob(data)
+            self._mem = b"".join(self._blob(data))
             self._mem_done = True
             return
         # The entries this snapshot covers then sit in older journal segments only: the
@@ -1355,6 +1358,15 @@ class _UnlockedWait:
             return list(self._inner.poll(timeout_ms))
         finally:
             node._tick_lock.acquire()
+
+
+def _bin_header(size: int) -> bytes:
+    """msgpack's header of a bin object of ``size`` bytes."""
+    if size < 1 << 8:
+        return bytes((0xC4, size))
+    if size < 1 << 16:
+        return b"\xc5" + size.to_bytes(2, "big")
+    return b"\xc6" + size.to_bytes(4, "big")
 
 
 def _jitter(threshold: float) -> float:

@@ -41,7 +41,7 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, overload
 
 import msgpack
@@ -156,26 +156,48 @@ class OsDisk:
 
 
 def write_atomic(
-    disk: Disk, path: str, data: bytes, fsync: bool, tmp: str = ".tmp", chunk: int = 0
+    disk: Disk,
+    path: str,
+    data: bytes | Sequence[bytes],
+    fsync: bool,
+    tmp: str = ".tmp",
+    chunk: int = 0,
 ) -> None:
-    """Replace ``path`` with ``data``: temp file, fsync, rename, directory fsync. Writers that
-    may run at the same time (a snapshot writer and a snapshot install) use distinct ``tmp``
-    suffixes. With ``chunk``, the file is synced every ``chunk`` bytes: a background writer's
-    one fdatasync of a 70 MB snapshot held the journal fsyncs sharing the disk for 0.1-0.2 s."""
+    """Replace ``path`` with ``data`` (or its parts, in order): temp file, fsync, rename,
+    directory fsync. Writers that may run at the same time (a snapshot writer and a snapshot
+    install) use distinct ``tmp`` suffixes. With ``chunk``, the file is also synced every
+    ``chunk`` bytes: a background writer's one fdatasync of a 70 MB snapshot held the journal
+    fsyncs sharing the disk for 0.1-0.2 s."""
     tmp = path + tmp
     f = disk.create(tmp)
-    view = memoryview(data)
-    step = chunk or max(len(view), 1)
+    parts = [data] if isinstance(data, bytes | bytearray) else data
+    unsynced = 0
     try:
-        for off in range(0, max(len(view), 1), step):
-            f.write(view[off : off + step])
-            if fsync:
-                f.sync()
+        for part in parts:
+            view = memoryview(part)
+            step = chunk or max(len(view), 1)
+            for off in range(0, len(view), step):
+                piece = view[off : off + step]
+                f.write(piece)
+                unsynced += len(piece)
+                if fsync and chunk and unsynced >= chunk:
+                    f.sync()
+                    unsynced = 0
+        if fsync and (unsynced or not chunk):
+            f.sync()
     finally:
         f.close()
     disk.rename(tmp, path)
     if fsync:
         disk.sync_dir(os.path.dirname(path) or ".")
+
+
+def seal_parts(parts: Sequence[bytes]) -> list[bytes]:
+    """``seal`` of the parts joined, without joining them (snapshots: ~65 MB copied twice)."""
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return [BLOB_MAGIC + _BLOB.pack(sum(len(p) for p in parts), crc), *parts]
 
 
 def seal(payload: bytes) -> bytes:
