@@ -12,6 +12,7 @@ idempotency keys make that resend safe.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -65,7 +66,7 @@ class Coalescer:
     def _kick(self) -> None:
         while self._queue and self._inflight < self.max_inflight:
             # Equal shares rather than full batches and a small rest: 257 queued go as 129 + 128.
-            share = -(-len(self._queue) // -(-len(self._queue) // self.max_items))
+            share = math.ceil(len(self._queue) / math.ceil(len(self._queue) / self.max_items))
             batch: list[tuple[dict[str, Any], int, asyncio.Future[Any]]] = []
             size = 0
             while self._queue and len(batch) < share:
