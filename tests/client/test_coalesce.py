@@ -118,3 +118,16 @@ async def test_a_queue_longer_than_one_batch_is_split_evenly() -> None:
     send.gate.set()
     assert [r["seq"] for r in await asyncio.gather(*futs)] == list(range(6))
     assert send.calls == [[b"0"], [b"1", b"2", b"3"], [b"4", b"5"]]
+
+
+async def test_a_lone_call_is_sent_from_its_own_task_and_frees_its_slot_at_once() -> None:
+    send = FakeSend(error=TopicNotFound("gone", status=404))
+    c = Coalescer(send, max_inflight=1)
+    with pytest.raises(TopicNotFound):
+        await c.submit(msg(0))
+    assert c._inflight == 0 and not c._tasks  # no task was started; the slot is free again
+    send.error = None
+    for i in range(1, 4):
+        assert (await c.submit(msg(i)))["seq"] == i
+        assert c._inflight == 0  # the next sequential call goes out at once, not a turn later
+    assert send.calls == [[b"0"], [b"1"], [b"2"], [b"3"]]

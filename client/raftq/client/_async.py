@@ -22,6 +22,7 @@ import aiohttp
 import msgpack
 
 from raftq.client import _core as core
+from raftq.client import _http as http
 from raftq.client import _requests as rq
 from raftq.client._coalesce import Coalescer
 from raftq.client._message import Delivery
@@ -202,6 +203,7 @@ class AsyncClient:
         self.retries = 0  # tries beyond the first, over this client's life
         self.producer = core.Producer(producer_id)
         self.fmt = fmt
+        self._requests: http.HttpPool | None = None
         self._session: aiohttp.ClientSession | None = None
         # Consumers whose loop has not finished: close() releases them before it goes.
         self._consumers: set[str] = set()
@@ -227,15 +229,22 @@ class AsyncClient:
             await asyncio.wait(set(self._background), timeout=self.timeout)
         for consumer in list(self._consumers):
             await self._release_quietly(consumer)
+        if self._requests is not None:
+            self._requests.close()
+            self._requests = None
         if self._session is not None:
             await self._session.close()
             self._session = None
 
+    def _pool(self) -> http.HttpPool:
+        if self._requests is None:
+            self._requests = http.HttpPool(limit=256, connect_timeout=CONNECT_TIMEOUT)
+        return self._requests
+
     def _http(self) -> aiohttp.ClientSession:
+        """aiohttp, for WebSockets only: requests go through ``_pool``."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=256), auto_decompress=True
-            )
+            self._session = aiohttp.ClientSession()
         return self._session
 
     # ------------------------------------------------------------------ the I/O loop
@@ -268,29 +277,22 @@ class AsyncClient:
         target = url + wire.path
         for _ in range(core.MAX_REDIRECTS + 1):
             try:
-                async with self._http().request(
-                    wire.method,
-                    target,
-                    data=wire.body,
-                    headers=wire.headers,
-                    allow_redirects=False,
-                    timeout=aiohttp.ClientTimeout(
-                        total=remaining, sock_connect=min(remaining, CONNECT_TIMEOUT)
-                    ),
-                ) as resp:
-                    leader = resp.headers.get("X-Raftq-Leader")
-                    if core.is_redirect(resp.status) and "Location" in resp.headers:
-                        target = resp.headers["Location"]
-                        self.endpoints.learn(core.normalize_url(target))
-                        continue
-                    data = await resp.read()
-                    if leader:
-                        self.endpoints.learn(leader)
-                    return core.decode(resp.status, resp.content_type, data)
-            except aiohttp.ClientConnectorError as e:
+                resp = await self._pool().request(
+                    wire.method, target, wire.headers, wire.body, remaining
+                )
+            except http.ConnectFailed as e:
                 raise core.unavailable(url, e, sent=False) from e
-            except (TimeoutError, aiohttp.ClientError) as e:
+            except http.ConnectionDropped as e:
                 raise core.unavailable(url, e, sent=True) from e
+            location = resp.headers.get("location")
+            if core.is_redirect(resp.status) and location:
+                target = location
+                self.endpoints.learn(core.normalize_url(target))
+                continue
+            leader = resp.headers.get("x-raftq-leader")
+            if leader:
+                self.endpoints.learn(leader)
+            return core.decode(resp.status, resp.headers.get("content-type"), resp.body)
         raise Unavailable(f"too many redirects from {url}")
 
     # ------------------------------------------------------------------ cluster
@@ -365,7 +367,9 @@ class AsyncClient:
     ) -> int:
         """Publish one message; returns its sequence number once it is committed. Retries are
         deduplicated. Concurrent calls share batch requests (see ``_coalesce``)."""
-        return await self.publish_nowait(topic, payload, headers=headers, key=key, delay=delay)
+        message = core.message_body(self.producer, payload, headers, key, delay)
+        seq: int = await self._coalescer(topic).submit(message)
+        return seq
 
     def publish_nowait(
         self,
@@ -380,6 +384,10 @@ class AsyncClient:
         ``publish_async``). Many outstanding futures share batch requests; bound how many you
         keep in flight yourself. Call it from a running event loop."""
         message = core.message_body(self.producer, payload, headers, key, delay)
+        fut: asyncio.Future[int] = self._coalescer(topic).submit_nowait(message)
+        return fut
+
+    def _coalescer(self, topic: str) -> Coalescer:
         coalescer = self._coalescers.get(topic)
         if coalescer is None:
 
@@ -388,8 +396,7 @@ class AsyncClient:
                 return [int(m["seq"]) for m in res["messages"]]
 
             coalescer = self._coalescers[topic] = Coalescer(send)
-        fut: asyncio.Future[int] = coalescer.submit_nowait(message)
-        return fut
+        return coalescer
 
     async def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
         """Publish payloads (or dicts with payload/headers/key/delay) as one request."""
@@ -460,8 +467,6 @@ class AsyncClient:
         if consumer not in self._consumers:
             return
         self._consumers.discard(consumer)
-        if self._session is None or self._session.closed:
-            return
         with contextlib.suppress(RaftqError, RuntimeError, asyncio.CancelledError):
             await asyncio.shield(self.request(rq.release(consumer), timeout=5.0))
 

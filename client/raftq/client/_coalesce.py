@@ -1,7 +1,7 @@
 """Natural batching for ``AsyncClient.publish``: concurrent single publishes share requests.
 
 The first call goes out at once when nothing is in flight (no added latency when calls are
-sequential); calls made while requests are out leave together, one loop turn later or when a
+sequential; ``submit`` then sends from the caller's own task); calls made while requests are out leave together, one loop turn later or when a
 slot frees, in batches of up to ``max_items`` messages or ``max_bytes`` (a longer queue is split
 into equal shares), at most ``max_inflight`` requests at once. Each caller gets its own result.
 When a batch is refused for something one message may have caused (bad input, topic full), its
@@ -42,7 +42,18 @@ class Coalescer:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def submit(self, message: dict[str, Any]) -> Any:
-        return await self.submit_nowait(message)
+        if self._inflight or self._queue:
+            return await self.submit_nowait(message)
+        # Alone: send from the caller's own task (no task to start, no future to hand over).
+        self._inflight += 1
+        try:
+            [res] = await self._send([message])
+        finally:
+            if self._queue:  # others came meanwhile: free the slot as ``_run`` does
+                asyncio.get_running_loop().call_soon(self._release)
+            else:  # free it now, so that the caller's next publish goes out alone at once
+                self._inflight -= 1
+        return res
 
     def submit_nowait(self, message: dict[str, Any]) -> asyncio.Future[Any]:
         """Queue ``message``; the future resolves with its result (cancel it to unsend it while
