@@ -1,12 +1,13 @@
 """Natural batching for ``AsyncClient.publish``: concurrent single publishes share requests.
 
 The first call goes out at once when nothing is in flight (no added latency when calls are
-sequential; ``submit`` then sends from the caller's own task); calls made while requests are out leave together, one loop turn later or when a
-slot frees, in batches of up to ``max_items`` messages or ``max_bytes`` (a longer queue is split
-into equal shares), at most ``max_inflight`` requests at once. Each caller gets its own result.
-When a batch is refused for something one message may have caused (bad input, topic full), its
-messages are sent again one by one so that every caller learns its own definite outcome; the
-idempotency keys make that resend safe.
+sequential; ``submit`` then sends from the caller's own task). Calls made while requests are
+out leave together, one loop turn later or when a slot frees, in batches of up to
+``max_items`` messages or ``max_bytes`` (a longer queue is split into equal shares), at most
+``max_inflight`` requests at once. Each caller gets its own result. When a batch is refused
+for something one message may have caused (bad input, topic full), its messages are sent
+again one by one so that every caller learns its own definite outcome; the idempotency keys
+make that resend safe.
 """
 
 from __future__ import annotations
