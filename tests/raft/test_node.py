@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -117,6 +118,32 @@ async def test_single_node_proposals_resolve_with_results_concurrently() -> None
         assert not await node.transfer_leadership(5.0)  # nobody to hand over to
         assert time.monotonic() - t0 < 0.5
         assert st.applied_index == st.commit_index
+    finally:
+        await ns.close()
+
+
+async def test_apply_listeners_run_on_their_loop_only_when_wanted() -> None:
+    ns = Nodes(None, 1)
+    node = ns.start("n1")
+    try:
+        await ns.leader()
+        me = threading.get_ident()
+        calls: dict[str, list[int]] = {"wanted": [], "unwanted": []}
+        asked: list[int] = []
+
+        def unwanted() -> bool:
+            asked.append(threading.get_ident())  # asked on the tick thread, after applying
+            return False
+
+        node.add_apply_listener(lambda: calls["wanted"].append(threading.get_ident()))
+        node.add_apply_listener(lambda: calls["unwanted"].append(1), unwanted)
+        await node.propose([{"op": "create_topic", "topic": "t"}])
+        await asyncio.gather(*(node.propose([pub("t", b"x")]) for _ in range(50)))
+        await until("a listener call", lambda: calls["wanted"])
+        assert set(calls["wanted"]) == {me}  # on the loop that registered it
+        # one call per tick that applied entries, not one per entry
+        assert 1 <= len(calls["wanted"]) <= 51
+        assert asked and me not in asked and not calls["unwanted"]
     finally:
         await ns.close()
 

@@ -217,6 +217,11 @@ class _Pending:
     term: int = 0
 
 
+_Done = tuple[_Pending, Any, BaseException | None]  # a proposal's result or error
+_Listener = tuple[Callable[[], None], asyncio.AbstractEventLoop, Callable[[], bool] | None]
+_LoopWork = tuple[list[_Done], list[Callable[[], None]]]  # what one wake-up of a loop runs
+
+
 class _Sealer:
     """Fills pysyncobj's encryptor slot (Fernet) with AES-128-GCM: same guarantees (secrecy,
     integrity, a timestamp pysyncobj checks per connection) at ~2 us instead of ~50/70 us to
@@ -549,11 +554,13 @@ class RaftNode:
         self._qlock = threading.Lock()  # proposal queue and pending table
         self._queue: deque[tuple[bytes, _Pending]] = deque()
         self._pending: dict[int, _Pending] = {}
-        self._done: list[tuple[_Pending, Any, BaseException | None]] = []
+        self._done: list[_Done] = []
         self._calls: deque[Callable[[], None]] = deque()
         self._acks: list[tuple[Any, Any]] = []
         self._ack_next: dict[Any, int] = {}  # the verified next index for a duplicate append
-        self._listeners: list[Callable[[], None]] = []
+        # (callback, its loop, wanted): see add_apply_listener
+        self._listeners: list[_Listener] = []
+        self._applied = False  # entries applied since the last _deliver_all
         self._fatal: BaseException | None = None
         self._stopping = False
         self._leader_lost = False  # the connection to the leader dropped; none heard from since
@@ -838,17 +845,22 @@ class RaftNode:
         self.stats["sync_us"] += int((time.perf_counter() - t0) * 1e6)
 
     def _deliver_all(self) -> None:
-        if not self._done:
+        applied, self._applied = self._applied, False
+        if not self._done and not (applied and self._listeners):
             return
         done, self._done = self._done, []
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, Any, Any]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, _LoopWork] = {}
         for item in done:
-            by_loop.setdefault(item[0].loop, []).append(item)
-        for loop, items in by_loop.items():
-            # One wake-up per batch of completions, not one per proposal; a closed loop means
-            # nobody is waiting any more.
+            by_loop.setdefault(item[0].loop, ([], []))[0].append(item)
+        if applied:
+            for cb, loop, wanted in self._listeners:
+                if wanted is None or wanted():
+                    by_loop.setdefault(loop, ([], []))[1].append(cb)
+        for loop, work in by_loop.items():
+            # One wake-up per loop for a tick's completions and apply listeners, not one per
+            # proposal or entry; a closed loop means nobody is waiting any more.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_resolve, items)
+                loop.call_soon_threadsafe(_on_loop, work)
 
     def _drain(self) -> None:
         while self._calls:
@@ -939,8 +951,7 @@ class RaftNode:
                     else:
                         err = self._not_leader(f"entry {idx} was superseded; not applied")
                         self._done.append((p, None, err))
-        for cb in self._listeners:
-            cb()
+        self._applied = True
 
     def _rearm_compaction(self) -> None:
         """A new entry-count threshold for the next snapshot (see ``_jitter``)."""
@@ -1211,8 +1222,15 @@ class RaftNode:
         with self._lock:
             return fn(self.broker)
 
-    def add_apply_listener(self, cb: Callable[[], None]) -> None:
-        self._listeners.append(cb)
+    def add_apply_listener(
+        self, cb: Callable[[], None], wanted: Callable[[], bool] | None = None
+    ) -> None:
+        """Run ``cb()`` on the calling event loop after each tick that applied entries, in the
+        same wake-up as that tick's completions. ``wanted()``, if given, is asked on the tick
+        thread after the entries were applied; when it says no, that loop is not woken for
+        ``cb`` (a follower nobody waits on then never wakes its loop per entry). So a waiter
+        must register before it reads the state it waits on, or it can miss its wake-up."""
+        self._listeners.append((cb, asyncio.get_running_loop(), wanted))
 
     def status(self) -> RaftStatus:
         cfg = self.config
@@ -1435,7 +1453,8 @@ def _read_once(conn: Any, view: memoryview) -> None:
     conn._TcpConnection__lastReadTime = monotonic()
 
 
-def _resolve(items: list[tuple[_Pending, Any, BaseException | None]]) -> None:
+def _on_loop(work: _LoopWork) -> None:
+    items, listeners = work
     for p, result, err in items:
         if p.fut.done():
             continue
@@ -1443,3 +1462,8 @@ def _resolve(items: list[tuple[_Pending, Any, BaseException | None]]) -> None:
             p.fut.set_exception(err)
         else:
             p.fut.set_result(result)
+    for cb in listeners:
+        try:
+            cb()
+        except Exception:
+            log.exception("apply listener failed")

@@ -46,6 +46,7 @@ FORWARDED = "X-Raftq-Forwarded"
 LEADER_HEADER = "X-Raftq-Leader"
 MAX_WAIT_S = 20.0
 STREAM_GRACE_S = 1.0
+FOLLOWER_TICKER_S = 0.25  # how soon a new leader's ticker starts
 # Served by every node from its own state; everything else is the leader's business.
 LOCAL_PATHS = frozenset(["/cluster", "/healthz", "/readyz", "/metrics", "/openapi.json"])
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -169,16 +170,14 @@ class Api:
         self.session: aiohttp.ClientSession | None = None
         self.draining = asyncio.Event()
         self._caught_up = False  # /readyz: applied the leader's commit index once since start
-        self._notify_pending = False  # a _notify is scheduled on the loop (see _on_apply)
-        self._applied = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # The ticker's wake-up on the next applied entries (leader only; see _ticker).
+        self._apply_signal: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         # consumer id -> number of open connections holding it (long polls, streams)
         self.held_consumers: dict[str, int] = {}
         self.started = time.monotonic()
         # long polls waiting for something deliverable, per (topic, group)
         self._waiters: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
-        self._check_scheduled = False
         self._streams: set[asyncio.Task[Any]] = set()
         self.metrics.gauge(
             "raftq_long_polls_waiting",
@@ -195,35 +194,25 @@ class Api:
 
     # ------------------------------------------------------------------ plumbing
 
+    def _wants_apply(self) -> bool:
+        """Asked on the Raft thread after entries were applied: wake the loop only if somebody
+        waits (a follower's loop then sleeps through replication)."""
+        return self._apply_signal is not None or bool(self._waiters)
+
     def _on_apply(self) -> None:
-        """Called from the Raft thread after each applied entry: one wake-up of the loop for
-        all entries applied before it runs (each call_soon_threadsafe writes to a pipe)."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed() and not self._notify_pending:
-            self._notify_pending = True
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._notify)
+        """On the loop, after a Raft tick that applied entries (if ``_wants_apply``)."""
+        signal, self._apply_signal = self._apply_signal, None
+        if signal is not None and not signal.done():
+            signal.set_result(None)
+        if self._waiters:
+            self._check_waiters()
 
-    def _notify(self) -> None:
-        self._notify_pending = False  # first: an entry applied from here on schedules again
-        ev, self._applied = self._applied, asyncio.Event()
-        ev.set()
-        if self._waiters and not self._check_scheduled:
-            # coalesce: one check of all waiting groups per turn of the loop
-            self._check_scheduled = True
-            asyncio.get_running_loop().call_soon(self._check_waiters)
-
-    async def _wait_applied(self, timeout: float) -> None:
-        """Wait until the next applied entry (or shutdown) for at most ``timeout`` seconds."""
-        if timeout <= 0:
-            return
-        ev = self._applied
-        waiters = [asyncio.ensure_future(ev.wait()), asyncio.ensure_future(self.draining.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
+    def _arm_apply_signal(self) -> asyncio.Future[None]:
+        """Arm before reading the state the wait depends on (see ``add_apply_listener``)."""
+        signal = self._apply_signal
+        if signal is None or signal.done():
+            signal = self._apply_signal = asyncio.get_running_loop().create_future()
+        return signal
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         """Run background work (releases) that must outlive the request that started it."""
@@ -295,8 +284,7 @@ class Api:
             log.warning("release of consumer %s failed: %s", consumer, e)
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
-        self._loop = asyncio.get_running_loop()
-        self.raft.add_apply_listener(self._on_apply)
+        self.raft.add_apply_listener(self._on_apply, self._wants_apply)
         # No pool limit: every proxied long poll holds one connection to the leader.
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self.batcher.start()
@@ -334,13 +322,16 @@ class Api:
 
     async def _ticker(self) -> None:
         """Leader only: propose a ``tick`` when the earliest deadline / delay / retention is due.
-        Re-armed after every applied entry, so there is no fixed-rate scan."""
+        Re-armed after every tick that applied entries, so there is no fixed-rate scan; a
+        follower looks every ``FOLLOWER_TICKER_S`` whether it leads now."""
         last_ticked: int | None = None
         while True:
             try:
                 if not self.raft.is_leader():
-                    await self._wait_applied(0.25)
+                    self._apply_signal = None
+                    await asyncio.sleep(FOLLOWER_TICKER_S)
                     continue
+                signal = self._arm_apply_signal()
                 due = self.raft.read(lambda b: b.next_due())
                 now = time.time() * 1000
                 if due is not None and due <= now:
@@ -350,7 +341,9 @@ class Api:
                     await self.call({"op": "tick"})
                     continue
                 wait = 1.0 if due is None else min(1.0, (due - now) / 1000 + 0.001)
-                await self._wait_applied(wait)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await signal  # cancelled by the timeout: the next turn arms anew
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # never let the timer die; try again shortly
@@ -724,14 +717,15 @@ class Api:
         loop = asyncio.get_running_loop()
         key = (topic, group)
         while not self.draining.is_set():
-            if self.raft.read(lambda b: _maybe_ready(b, topic, group)):
-                return True
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
+            # Registered before the read: an entry applied after the read then wakes it.
             fut: asyncio.Future[None] = loop.create_future()
             self._waiters.setdefault(key, set()).add(fut)
             try:
+                if self.raft.read(lambda b: _maybe_ready(b, topic, group)):
+                    return True
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
                 await asyncio.wait_for(fut, remaining)
             except TimeoutError:
                 return False
@@ -744,7 +738,6 @@ class Api:
         return False
 
     def _check_waiters(self) -> None:
-        self._check_scheduled = False
         if not self._waiters:
             return
         keys = list(self._waiters)

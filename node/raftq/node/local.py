@@ -110,8 +110,10 @@ class LocalRaft:
     def is_leader(self) -> bool:
         return self.leader_id == self.node_id
 
-    def add_apply_listener(self, cb: Callable[[], None]) -> None:
-        self._listeners.append(cb)
+    def add_apply_listener(
+        self, cb: Callable[[], None], wanted: Callable[[], bool] | None = None
+    ) -> None:
+        self._listeners.append(cb)  # called on the loop right after each entry applies
 
     async def add_member(
         self, node_id: str, raft_addr: str, api_addr: str, timeout: float = 10.0
