@@ -428,3 +428,40 @@ def test_a_snapshot_written_in_parts_is_the_sealed_msgpack_body(size: int) -> No
     blob = b"".join(snaps._blob((None, (b"x", 7, 2), (b"y", 6, 2), [node])))
     body = [1, [b"x", 7, 2], [b"y", 6, 2], [["127.0.0.1:9001", "n1", "127.0.0.1:8001"]], snap]
     assert blob == seal(msgpack.packb(body, use_bin_type=True))
+
+
+def test_damage_in_a_segment_a_newer_one_wholly_replaces_is_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "journal.log"
+    old = _journal(path, 10)
+    damaged_old = bytearray(path.read_bytes())  # generation 0: entries 1..10
+    damaged_old[HEAD + 5 * REC + 20] ^= 0xFF
+    j = Journal(OsDisk(), str(path), None)
+    j.roll(8)  # generation 1: entries 8.. on
+    entries = old[7:] + _more(j, 11, 12)
+    j.deleteEntriesTo(7)
+    j._destroy()
+    assert _segments(path) == ["journal.log.1"]
+    # A crash undid the deletion of generation 0, which then rotted. Its entries 1..7 are
+    # not in the newer segment: it is still needed, so its damage stops the start.
+    path.write_bytes(bytes(damaged_old))
+    with pytest.raises(StorageCorrupt, match=r"journal\.log:"):
+        _reopen(path)
+    # A damaged segment whose entries all lie at or after a newer one's first index is not.
+    damaged_copy = bytearray((tmp_path / "journal.log.1").read_bytes())  # first index 8
+    damaged_copy[HEAD + 20] ^= 0xFF
+    path.write_bytes(bytes(damaged_copy))
+    caplog.set_level(logging.WARNING)
+    assert _reopen(path) == entries
+    assert "ignored, a newer segment replaces all of it" in caplog.text
+
+
+def test_segment_writes_cut_short_by_a_crash_are_removed(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    entries = _journal(path, 3)
+    for name in ("journal.log.4.tmp", "journal.log.tmp"):
+        (tmp_path / name).write_bytes(b"half a segment")
+    (tmp_path / "journal.log.x.tmp").write_bytes(b"not ours")
+    assert _reopen(path) == entries
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.log", "journal.log.x.tmp"]

@@ -22,10 +22,12 @@ records what was synced and simulate power loss. Rules kept here:
   with the few entries after the snapshot point copied, so the compaction that follows deletes
   older segments instead of rewriting what it keeps; a clear or a cut into an older segment
   writes a new segment with exactly the remaining entries. Deleting is never made durable: a
-  segment that comes back after a crash only holds replaced or snapshotted entries. The
-  records written with a segment's header are synced with it (its header says where they
-  end), so a bad one is corruption, never a torn write. Older versions read only
-  ``journal.log``: downgrading after a roll is not supported;
+  segment that comes back after a crash only holds replaced or snapshotted entries (damage in
+  one that a newer segment wholly replaces is logged and ignored; temp files of segment
+  writes a crash cut short are removed at start). The records written with a segment's
+  header are synced with it (its header says where they end), so a bad one is corruption,
+  never a torn write. Older versions read only ``journal.log``: downgrading after a roll is
+  not supported;
 * small files (meta, snapshots) are replaced atomically: temp file, fsync, rename, directory
   fsync.
 
@@ -42,6 +44,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Protocol, overload
 
 import msgpack
@@ -238,6 +241,16 @@ class MetaStore:
         self.term, self.voted_for = term, voted_for
 
 
+def _segment_gen(base: str, name: str) -> int | None:
+    """The generation of a journal segment file name (``base`` is 0, ``base.N`` is N), or None
+    when ``name`` is not one (only canonical names: ``base.01`` is not)."""
+    if name == base:
+        return 0
+    tail = name[len(base) + 1 :] if name.startswith(base + ".") else ""
+    ok = tail.isascii() and tail.isdigit() and not tail.startswith("0")
+    return int(tail) if ok else None
+
+
 class Journal:
     """pysyncobj's journal interface over checksummed, zero-filled-ahead segment files.
 
@@ -325,18 +338,32 @@ class Journal:
             names = disk.listdir(directory or ".")
         except OSError as e:
             raise StorageError(f"{directory}: {e}") from e
-        tail = [n[len(base) + 1 :] for n in names if n.startswith(base + ".")]
-        gens = sorted(
-            [0] * (base in names) + [int(t) for t in tail if t.isdigit() and not t.startswith("0")]
-        )
+        gens = sorted(g for g in map(partial(_segment_gen, base), names) if g is not None)
+        for name in names:  # a segment write that a crash cut short, before its rename
+            if name.endswith(".tmp") and _segment_gen(base, name[:-4]) is not None:
+                log.warning("journal: removing %s, left by an interrupted write", name)
+                with contextlib.suppress(OSError):
+                    disk.remove(os.path.join(directory, name))
+        # Where each segment's entries begin: one wholly replaced by a newer segment is not
+        # needed, so damage in it (bit rot in a file whose deletion a crash undid) is ignored.
+        starts = [self._first_index(disk.read(self._segment_path(gen)) or b"") for gen in gens]
         entries: list[Entry] = []
         offsets: list[int] = []
         segs: list[tuple[int, str, int | None]] = []
         data, end = b"", 0
-        for gen in gens:
+        for i, gen in enumerate(gens):
             seg = self._segment_path(gen)
             data = disk.read(seg) or b""
-            first, found, offs, end = self._scan(data, seg)
+            own, newer = starts[i], [f for f in starts[i + 1 :] if f is not None]
+            replaced = own is not None and bool(newer) and min(newer) <= own
+            try:
+                first, found, offs, end = self._scan(data, seg)
+            except StorageCorrupt as e:
+                if not replaced:
+                    raise
+                log.warning("journal %s: ignored, a newer segment replaces all of it (%s)", seg, e)
+                segs.append((gen, seg, own))
+                continue
             if first is not None:
                 while entries and entries[-1][1] >= first:
                     entries.pop()
@@ -364,6 +391,18 @@ class Journal:
         except OSError as e:
             raise StorageError(f"{self._cur_path}: {e}") from e
         self._fill_ahead(0)
+
+    def _first_index(self, data: bytes) -> int | None:
+        """The index a segment's entries begin at: its header's, or an old-format journal's
+        first record's; None when unknown (empty, torn or unreadable)."""
+        head = len(SEGMENT_HEADER) + _SEG.size
+        if data.startswith(SEGMENT_HEADER) and len(data) >= head:
+            first: int = _SEG.unpack_from(data, len(SEGMENT_HEADER))[0]
+            return first
+        if data.startswith(JOURNAL_HEADER):
+            parsed = self._parse(data, len(JOURNAL_HEADER))
+            return parsed[0][1] if parsed is not None else None
+        return None
 
     def _scan(self, data: bytes, path: str) -> tuple[int | None, list[Entry], list[int], int]:
         """A segment's first index (None: a journal from before segments), its intact entries,
