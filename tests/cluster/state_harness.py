@@ -75,8 +75,8 @@ def check_invariants(b: Broker) -> None:
         assert t.head == len(msgs) or msgs[t.head] is not None
         live = [m for m in msgs if m is not None]
         assert t.count == len(live) and t.bytes == sum(len(m[0]) for m in live)
-        for key, (_, exp) in t.dedup.items():
-            assert exp > b.now and (exp, key) in t.dedup_heap
+        held = [k for exp, _, keys in t.dedup_heap for k in keys if exp > b.now]
+        assert sorted(held) == sorted(t.dedup), "each key held is in exactly one live entry"
 
         def unsettled(g: Any, seq: int, t: Any = t) -> bool:
             fresh = seq >= g.cursor and seq not in g.skip

@@ -349,6 +349,27 @@ def test_key_is_new_again_once_the_dedup_window_has_passed(h: Harness) -> None:
     assert res["messages"] == [{"seq": 2, "duplicate": False}]
 
 
+def test_a_shortened_dedup_window_expires_newer_keys_before_older_ones(h: Harness) -> None:
+    h.topic("t", dedup_window=100)
+    h("publish", topic="t", messages=[{"payload": b"a", "key": "old"}])
+    h("update_topic", topic="t", config={"dedup_window": 10})
+    h("publish", topic="t", messages=[{"payload": b"b", "key": "new"}])
+    h.advance(10)
+    again = h("publish", topic="t", messages=[{"payload": b"c", "key": k} for k in ("new", "old")])
+    assert again["messages"] == [{"seq": 3, "duplicate": False}, {"seq": 1, "duplicate": True}]
+
+
+def test_keys_of_one_publish_expire_together_as_one_entry(h: Harness) -> None:
+    # Memory per keyed message is a dict slot: a batch adds one expiry entry, not one per key.
+    h.topic("t")
+    h("publish", topic="t", messages=[{"payload": b"x", "key": f"k{i}"} for i in range(250)])
+    t = h.b.topics["t"]
+    assert len(t.dedup) == 250 and len(t.dedup_heap) == 1
+    h.advance(120)
+    h("tick")
+    assert not t.dedup and not t.dedup_heap
+
+
 def test_zero_dedup_window_disables_dedup(h: Harness) -> None:
     h.topic("t", dedup_window=0)
     h("publish", topic="t", messages=[{"payload": b"a", "key": "k"}])
@@ -1069,6 +1090,27 @@ def test_snapshot_restore_is_an_exact_round_trip(h: Harness) -> None:
         b.apply({"op": "tick", "now": h.now + 31_000})
         b.apply({"op": "release", "consumer": "c1", "now": h.now + 31_000})
     assert other.snapshot() == h.b.snapshot()
+
+
+def test_a_version_2_snapshot_with_one_dedup_row_per_key_still_restores(h: Harness) -> None:
+    import msgpack
+
+    h.topic("t")
+    h("publish", topic="t", messages=[{"payload": b"a", "key": "k1"}, {"payload": b"b"}])
+    h("publish", topic="t", messages=[{"payload": b"c", "key": "k2"}])  # same expiry as k1
+    h.advance(5)
+    h("publish", topic="t", messages=[{"payload": b"d", "key": "k3"}])
+    version, now, applied, topics = msgpack.unpackb(h.b.snapshot(), raw=False)
+    assert version == 3
+    for t in topics:  # the version 2 layout: [key, seq, expires_at] per key
+        t[7] = [[k, s, exp] for exp, keys, seqs in t[7] for k, s in zip(keys, seqs, strict=True)]
+    old = Broker()
+    old.restore(msgpack.packb([2, now, applied, topics], use_bin_type=True))
+    assert old.topics["t"].dedup == h.b.topics["t"].dedup == {"k1": 1, "k2": 3, "k3": 4}
+    again = [{"payload": b"x", "key": k} for k in ("k1", "k3")]
+    for b in (h.b, old):
+        res = b.apply({"op": "publish", "topic": "t", "now": h.now + 117_000, "messages": again})
+        assert [m["duplicate"] for m in res["messages"]] == [False, True]  # k1 expired, k3 not
 
 
 def test_restore_rejects_an_unknown_snapshot_version() -> None:
