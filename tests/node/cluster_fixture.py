@@ -111,7 +111,15 @@ class Cluster:
     def start(self) -> Cluster:
         for nid in self.nodes:
             self.start_node(nid)
-        self.wait_leader()
+        lid = self.wait_leader()
+        # A node started last may not have heard the leader yet (it answers no_leader): tests
+        # talk to every node at once, so wait until all of them know it.
+        wait_for(
+            f"every node to know leader {lid}",
+            lambda: all(self.status(n).get("leader") == lid for n in self.nodes),
+            15,
+            every=0.05,
+        )
         return self
 
     def signal(self, nid: str, sig: int) -> None:
