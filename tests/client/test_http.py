@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -219,3 +220,32 @@ def test_split_url() -> None:
     )
     with pytest.raises(ValueError):
         http.split_url("ftp://h/")
+
+
+async def test_bytes_on_an_idle_connection_are_never_taken_for_an_answer(
+    pool: http.HttpPool,
+) -> None:
+    class Timeout408(Server):
+        """Answers, then later sends an unsolicited 408 and keeps the connection open."""
+
+        async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                await r.readuntil(b"\r\n\r\n")
+                w.write(ok(b"%d" % self.connections))
+                await w.drain()
+                await asyncio.sleep(0.05)  # the server's idle timeout
+                w.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n")
+                await w.drain()
+                await r.readuntil(b"\r\n\r\n")  # (a request on it would get no answer)
+            w.close()
+
+    async with Timeout408(lambda h, b: b"") as srv:
+        assert (await pool.request("GET", srv.url + "/", {}, None, 5)).body == b"1"
+        (conn,) = next(iter(pool._idle.values()))
+        for _ in range(500):  # until the 408 arrived
+            if conn.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert conn.closed
+        assert (await pool.request("GET", srv.url + "/", {}, None, 5)).body == b"2"

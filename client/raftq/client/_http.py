@@ -90,11 +90,11 @@ class _Conn(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self._buf += data
-        if self._waiter is not None:
-            self._parse()
-        elif len(self._buf) > MAX_HEAD:  # bytes nobody asked for: unusable
+        if self._waiter is None:  # bytes nobody asked for (an idle timeout's 408?): unusable
             self.close()
+            return
+        self._buf += data
+        self._parse()
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -124,8 +124,6 @@ class _Conn(asyncio.Protocol):
         self._waiter = loop.create_future()
         self._head, self._chunks, self._no_body = None, [], head_only
         self.transport.write(data)
-        if self._buf or self._eof:
-            self._parse()
         return self._waiter
 
     def _done(self, status: int, headers: dict[str, str], body: bytes, keep: bool) -> None:
