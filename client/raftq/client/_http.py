@@ -17,6 +17,7 @@ connection, so a late response can never be read as the answer to another reques
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import time
 from collections import deque
@@ -25,8 +26,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-MAX_HEAD = 64 << 10  # status line + headers
+MAX_HEAD = 64 << 10  # status line + headers (and a chunked body's size line or trailers)
 NO_BODY = (204, 304)
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
 
 
 class HttpError(Exception):
@@ -82,7 +84,7 @@ class _Conn(asyncio.Protocol):
         self._head: tuple[int, dict[str, str], bool] | None = None  # status, headers, keep-alive
         self._no_body = False
         self._chunks: list[bytes] = []  # chunked body read so far
-        self._eof = False
+        self.eof = False  # the server closed its side
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -97,14 +99,14 @@ class _Conn(asyncio.Protocol):
         self._parse()
 
     def eof_received(self) -> bool:
-        self._eof = True
+        self.eof = True
         if self._waiter is not None:
             self._parse()
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._eof = True
+        self.eof = True
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             self._parse()  # a body framed by the close is complete now
@@ -123,8 +125,9 @@ class _Conn(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
         self._head, self._chunks, self._no_body = None, [], head_only
+        waiter = self._waiter
         self.transport.write(data)
-        return self._waiter
+        return waiter
 
     def _done(self, status: int, headers: dict[str, str], body: bytes, keep: bool) -> None:
         waiter, self._waiter = self._waiter, None
@@ -159,8 +162,8 @@ class _Conn(asyncio.Protocol):
             lines = bytes(self._buf[:end]).decode("latin-1").split("\r\n")
             del self._buf[: end + 4]
             version, code = lines[0].split(" ", 2)[:2]
-            if not version.startswith("HTTP/1."):
-                raise ValueError(f"not HTTP/1.x: {lines[0][:40]!r}")
+            if not version.startswith("HTTP/1.") or not (len(code) == 3 and code.isdigit()):
+                raise ValueError(f"not an HTTP/1.x status line: {lines[0][:40]!r}")
             status = int(code)
             if 100 <= status < 200:
                 continue  # an interim response: the real one follows
@@ -179,20 +182,22 @@ class _Conn(asyncio.Protocol):
         if self._no_body or status in NO_BODY:
             return self._done(status, headers, b"", keep)
         if "chunked" in headers.get("transfer-encoding", "").lower():
+            if "content-length" in headers:  # conflicting framing: never reuse (RFC 9112)
+                self._head = (status, headers, False)
             return self._parse_chunks()
         length = headers.get("content-length")
         if length is not None:
+            if not (length.isascii() and length.isdigit()):
+                raise ValueError(f"bad content-length {length[:20]!r}")
             n = int(length)
-            if n < 0:
-                raise ValueError("negative content-length")
             if len(self._buf) >= n:
                 body = bytes(self._buf[:n])
                 del self._buf[:n]
                 self._done(status, headers, body, keep)
-            elif self._eof:
+            elif self.eof:
                 self._fail(f"connection closed {len(self._buf)} bytes into a {n}-byte body")
             return None
-        if self._eof:  # framed by the close
+        if self.eof:  # framed by the close
             body = bytes(self._buf)
             self._buf.clear()
             self._done(status, headers, body, False)
@@ -205,20 +210,29 @@ class _Conn(asyncio.Protocol):
         while True:
             line_end = buf.find(b"\r\n")
             if line_end < 0:
+                if len(buf) > MAX_HEAD:
+                    raise ValueError("chunk size line too long")
                 break
-            size = int(bytes(buf[:line_end]).split(b";", 1)[0], 16)
-            if size == 0:  # last chunk, then optional trailers and an empty line
+            field = bytes(buf[:line_end]).split(b";", 1)[0].strip()
+            if not _CHUNK_SIZE.fullmatch(field):
+                raise ValueError(f"bad chunk size {field[:20]!r}")
+            size = int(field, 16)
+            if size == 0:  # the last chunk: then trailers (ignored) and an empty line
                 end = buf.find(b"\r\n\r\n", line_end)
-                if end < 0 and buf[line_end : line_end + 4] != b"\r\n\r\n":
+                if end < 0:
+                    if len(buf) > MAX_HEAD:
+                        raise ValueError("chunked trailers too long")
                     break
-                del buf[: (end + 4 if end >= 0 else line_end + 4)]
+                del buf[: end + 4]
                 return self._done(status, headers, b"".join(self._chunks), keep)
-            if len(buf) < line_end + 2 + size + 2:
+            start, stop = line_end + 2, line_end + 2 + size
+            if len(buf) < stop + 2:
                 break
-            start = line_end + 2
-            self._chunks.append(bytes(buf[start : start + size]))
-            del buf[: start + size + 2]
-        if self._eof:
+            if buf[stop : stop + 2] != b"\r\n":
+                raise ValueError("chunk data not followed by CRLF")
+            self._chunks.append(bytes(buf[start:stop]))
+            del buf[: stop + 2]
+        if self.eof:
             self._fail("connection closed inside a chunked body")
         return None
 
@@ -255,7 +269,8 @@ class HttpPool:
         if self.closed:
             raise ConnectFailed("the client is closed")
         origin, target = split_url(url)
-        head = [f"{method} {target} HTTP/1.1", f"Host: {origin.host}:{origin.port}"]
+        host = f"[{origin.host}]" if ":" in origin.host else origin.host  # an IPv6 literal
+        head = [f"{method} {target} HTTP/1.1", f"Host: {host}:{origin.port}"]
         head += [f"{k}: {v}" for k, v in headers.items()]
         if body is not None or method in ("POST", "PUT", "PATCH"):
             head.append(f"Content-Length: {len(body or b'')}")
@@ -287,7 +302,7 @@ class HttpPool:
         now = time.monotonic()
         while idle:
             conn = idle.pop()  # the most recently used: the least likely to be closing
-            if not conn.closed and now - conn.idle_since < self.idle_for:
+            if not conn.closed and not conn.eof and now - conn.idle_since < self.idle_for:
                 return conn
             conn.close()
         return None
@@ -306,7 +321,9 @@ class HttpPool:
         loop = asyncio.get_running_loop()
         tls: ssl.SSLContext | None = None
         if origin.scheme == "https":
-            tls = self._ssl or ssl.create_default_context()
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            tls = self._ssl
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(_Conn, origin.host, origin.port, ssl=tls)
