@@ -1107,10 +1107,12 @@ def test_a_version_2_snapshot_with_one_dedup_row_per_key_still_restores(h: Harne
     old = Broker()
     old.restore(msgpack.packb([2, now, applied, topics], use_bin_type=True))
     assert old.topics["t"].dedup == h.b.topics["t"].dedup == {"k1": 1, "k2": 3, "k3": 4}
+    assert old.snapshot() == h.b.snapshot()  # replicas stay byte-identical across the upgrade
     again = [{"payload": b"x", "key": k} for k in ("k1", "k3")]
     for b in (h.b, old):
         res = b.apply({"op": "publish", "topic": "t", "now": h.now + 117_000, "messages": again})
         assert [m["duplicate"] for m in res["messages"]] == [False, True]  # k1 expired, k3 not
+    assert old.snapshot() == h.b.snapshot()
 
 
 def test_restore_rejects_an_unknown_snapshot_version() -> None:

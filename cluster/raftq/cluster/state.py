@@ -248,11 +248,18 @@ def _mac(token: bytes, seq: int, attempt: int) -> str:
 
 
 def _dedup_rows(t: Topic) -> list[list[Any]]:
-    """A topic's idempotency keys as ``[expires_at, keys, seqs]``, one row per publish that
-    added keys (per key, a million keys took 1.4 s to snapshot), in expiry order: canonical,
-    unlike the heap's layout."""
+    """A topic's idempotency keys as ``[expires_at, keys, seqs]`` rows, one per expiry time
+    (per key, a million keys took 1.4 s to snapshot), in expiry order: canonical, unlike the
+    heap's layout or how publishes split keys between entries (a restored replica holds one
+    entry per expiry time)."""
     dedup = t.dedup
-    return [[exp, keys, [dedup[k] for k in keys]] for exp, _, keys in sorted(t.dedup_heap)]
+    rows: list[list[Any]] = []
+    for exp, _, keys in sorted(t.dedup_heap):
+        if rows and rows[-1][0] == exp:
+            rows[-1][1] = rows[-1][1] + keys
+        else:
+            rows.append([exp, keys])
+    return [[exp, keys, [dedup[k] for k in keys]] for exp, keys in rows]
 
 
 class Broker:
