@@ -46,7 +46,7 @@ FORWARDED = "X-Raftq-Forwarded"
 LEADER_HEADER = "X-Raftq-Leader"
 MAX_WAIT_S = 20.0
 STREAM_GRACE_S = 1.0
-FOLLOWER_TICKER_S = 0.25  # how soon a new leader's ticker starts
+FOLLOWER_TICKER_S = 0.05  # how soon a new leader's timer starts (due deadlines slip this much)
 # Served by every node from its own state; everything else is the leader's business.
 LOCAL_PATHS = frozenset(["/cluster", "/healthz", "/readyz", "/metrics", "/openapi.json"])
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
