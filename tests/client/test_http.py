@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ class Server:
         self.requests: list[bytes] = []
         self.server: asyncio.Server | None = None
         self.url = ""
+        self._open: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
 
     async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -44,8 +46,17 @@ class Server:
         finally:
             w.close()
 
+    async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._open[task] = w
+        try:
+            await self._handle(r, w)
+        finally:
+            del self._open[task]
+
     async def __aenter__(self) -> Server:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         port = self.server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         return self
@@ -53,6 +64,12 @@ class Server:
     async def __aexit__(self, *exc: object) -> None:
         assert self.server is not None
         self.server.close()
+        # Connections the client keeps alive would outlive the test's loop: end them here.
+        for task, w in list(self._open.items()):
+            w.close()
+            task.cancel()
+        if self._open:
+            await asyncio.wait(set(self._open), timeout=5)
         await asyncio.wait_for(self.server.wait_closed(), 5)
 
 
