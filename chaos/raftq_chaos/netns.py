@@ -128,11 +128,12 @@ class Net:
             except (NetError, subprocess.TimeoutExpired) as e:
                 errors.append(str(e))
         for link in reversed(self._made_links):
-            # a veth goes away with its namespace's peer, possibly a moment later
+            # a veth goes away with its namespace's peer, possibly a moment later (even while
+            # this deletes it: then the kernel answers "No such device")
             try:
                 sh("ip", "link", "del", link)
             except (NetError, subprocess.TimeoutExpired) as e:
-                if "Cannot find device" not in str(e):
+                if not any(gone in str(e) for gone in ("Cannot find device", "No such device")):
                     errors.append(str(e))
         if self._forward_rule is not None:
             try:
