@@ -346,14 +346,15 @@ class Journal:
                     disk.remove(os.path.join(directory, name))
         # Where each segment's entries begin: one wholly replaced by a newer segment is not
         # needed, so damage in it (bit rot in a file whose deletion a crash undid) is ignored.
-        starts = [self._first_index(disk.read(self._segment_path(gen)) or b"") for gen in gens]
+        datas = [disk.read(self._segment_path(gen)) or b"" for gen in gens]
+        starts = [self._first_index(data) for data in datas]
         entries: list[Entry] = []
         offsets: list[int] = []
         segs: list[tuple[int, str, int | None]] = []
         data, end = b"", 0
         for i, gen in enumerate(gens):
             seg = self._segment_path(gen)
-            data = disk.read(seg) or b""
+            data, datas[i] = datas[i], b""  # (each segment's bytes are freed once scanned)
             own, newer = starts[i], [f for f in starts[i + 1 :] if f is not None]
             replaced = own is not None and bool(newer) and min(newer) <= own
             try:
