@@ -8,7 +8,9 @@ Cases, for each payload size, repeated ``--runs`` times (table: median, spread =
   (e) end-to-end latency publish -> delivery          p50/p99
   (f) unavailability after kill -9 of the leader      seconds until publishes succeed again
 With ``--nats DIR`` (the perf-anchor scripts: start_nats.sh, bench_nats.py, stop_nats.sh) it also
-runs NATS JetStream R3 with ``sync_interval: always`` and prints raftq/NATS ratios. Writes JSON.
+runs NATS JetStream R3 with ``sync_interval: always`` and prints raftq/NATS ratios. The repeats
+are interleaved: round k runs raftq's cases, then NATS's (both clusters stay up, the other one
+idle), so the VM's drift (±15 % within the hour here) hits both sides alike. Writes JSON.
 Every server binds to 127.0.0.1 and is stopped at the end.
 """
 
@@ -217,22 +219,28 @@ class Results:
         )
 
     def summary(self) -> list[dict[str, Any]]:
-        out = []
-        for case in dict.fromkeys(r["case"] for r in self.rows):
-            rs = [r for r in self.rows if r["case"] == case]
-            rates = [r["rate"] for r in rs]
-            s: dict[str, Any] = {"case": case, "runs": len(rs),
-                                 "median_rate": statistics.median(rates),
-                                 "min_rate": min(rates), "max_rate": max(rates)}  # fmt: skip
-            if "p50_ms" in rs[0]:
-                s["median_p50_ms"] = statistics.median(r["p50_ms"] for r in rs)
-                s["median_p99_ms"] = statistics.median(r["p99_ms"] for r in rs)
-            for k in ("unavailable_s", "rss_mb_max", "restart_ready_s", "restart_publish_s"):
-                if k in rs[0]:
-                    s[f"median_{k}"] = statistics.median(r[k] for r in rs)
-                    s[f"max_{k}"] = max(r[k] for r in rs)
-            out.append(s)
-        return out
+        return summarize(self.rows)
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case, in first-seen order: the median rate and its spread over the runs (and the
+    medians of the latency and failover fields the rows carry)."""
+    out = []
+    for case in dict.fromkeys(r["case"] for r in rows):
+        rs = [r for r in rows if r["case"] == case]
+        rates = [r["rate"] for r in rs]
+        s: dict[str, Any] = {"case": case, "runs": len(rs),
+                             "median_rate": statistics.median(rates),
+                             "min_rate": min(rates), "max_rate": max(rates)}  # fmt: skip
+        if "p50_ms" in rs[0]:
+            s["median_p50_ms"] = statistics.median(r["p50_ms"] for r in rs)
+            s["median_p99_ms"] = statistics.median(r["p99_ms"] for r in rs)
+        for k in ("unavailable_s", "rss_mb_max", "restart_ready_s", "restart_publish_s"):
+            if k in rs[0]:
+                s[f"median_{k}"] = statistics.median(r[k] for r in rs)
+                s[f"max_{k}"] = max(r[k] for r in rs)
+        out.append(s)
+    return out
 
 
 async def timed(
@@ -292,15 +300,22 @@ async def windowed(
     return clock() - t0, lats
 
 
-async def run_cases(cl: LocalCluster, args: argparse.Namespace, res: Results) -> None:
+async def run_cases(
+    cl: LocalCluster,
+    args: argparse.Namespace,
+    res: Results,
+    after_round: Callable[[int], None] | None = None,
+) -> None:
     cases = set(args.cases.split(","))
-    for size in [int(s) for s in args.sizes.split(",")]:
-        for run in range(1, args.runs + 1):
+    for run in range(1, args.runs + 1):
+        for size in [int(s) for s in args.sizes.split(",")]:
             async with AsyncClient(cl.url_of(cl.leader()), timeout=60) as c:
                 topic = f"bench-{size}-{run}-{os.getpid()}"
                 await c.create_topic(topic)
                 await one_run(c, topic, b"m" * size, run, args, cases, res)
                 await c.delete_topic(topic)
+        if after_round is not None:
+            await asyncio.to_thread(after_round, run)  # the same round of the anchor
     if "f" in cases:
         for run in range(1, args.runs + 1):
             gap, elected = await failover(cl)
@@ -485,26 +500,39 @@ async def memory_and_restart(cl: LocalCluster, args: argparse.Namespace, res: Re
 # ---------------------------------------------------------------------- NATS side by side
 
 
-def run_nats(anchors: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    work = tempfile.mkdtemp(prefix="raftq-anchors-")
-    env = dict(os.environ, ANCHOR_WORK=work, SYNC="always")
-    nats_bin = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
-    env["NATS_BIN"] = nats_bin
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    try:
-        subprocess.run(["bash", f"{anchors}/start_nats.sh"], env=env, check=True, timeout=60)
+class Nats:
+    """The NATS JetStream anchor (R3, ``sync_interval: always``), one round at a time."""
+
+    def __init__(self, anchors: str, args: argparse.Namespace) -> None:
+        self.anchors = anchors
+        self.args = args
+        self.work = tempfile.mkdtemp(prefix="raftq-anchors-")
+        nats_bin = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
+        path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+        self.env = dict(
+            os.environ, ANCHOR_WORK=self.work, SYNC="always", NATS_BIN=nats_bin, PATH=path
+        )
+        self.rows: list[dict[str, Any]] = []
+
+    def start(self) -> None:
+        subprocess.run(["bash", f"{self.anchors}/start_nats.sh"], env=self.env, check=True,
+                       timeout=60)  # fmt: skip
+
+    def round(self, run: int) -> None:
+        """One run of every NATS case and size (its own results file); rows keep ``run``."""
+        before = set(glob.glob(f"{self.work}/results/nats-*.json"))
+        a = self.args
         subprocess.run(
-            [sys.executable, f"{anchors}/bench_nats.py", "--tag", "sync-always",
-             "--sizes", args.sizes, "--runs", str(args.runs), "--n", str(args.n),
-             "--sync-secs", str(args.secs)],
-            env=env, check=True, timeout=1800, cwd=anchors,
+            [sys.executable, f"{self.anchors}/bench_nats.py", "--tag", f"sync-always-r{run}",
+             "--sizes", a.sizes, "--runs", "1", "--n", str(a.n), "--sync-secs", str(a.secs)],
+            env=self.env, check=True, timeout=900, cwd=self.anchors,
         )  # fmt: skip
-        newest = sorted(glob.glob(f"{work}/results/nats-*.json"))[-1]
-        summary: list[dict[str, Any]] = json.loads(Path(newest).read_text())["summary"]
-        return summary
-    finally:
-        subprocess.run(["bash", f"{anchors}/stop_nats.sh"], env=env, timeout=60)
-        shutil.rmtree(work, ignore_errors=True)
+        (new,) = set(glob.glob(f"{self.work}/results/nats-*.json")) - before
+        self.rows += [{**r, "run": run} for r in json.loads(Path(new).read_text())["runs"]]
+
+    def stop(self) -> None:
+        subprocess.run(["bash", f"{self.anchors}/stop_nats.sh"], env=self.env, timeout=60)
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def ratios(ours: list[dict[str, Any]], nats: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -529,17 +557,32 @@ def ratios(ours: list[dict[str, Any]], nats: list[dict[str, Any]]) -> list[dict[
     return out
 
 
+def per_round(
+    ratio: dict[str, Any], ours: list[dict[str, Any]], nats: list[dict[str, Any]]
+) -> list[float]:
+    """raftq/NATS of each round on its own (the two ran minutes apart at most)."""
+    out = []
+    for mine in (r for r in ours if r["case"] == ratio["case"]):
+        theirs = [n for n in nats if n["case"] == ratio["nats_case"] and n["run"] == mine["run"]]
+        if theirs:
+            out.append(mine["rate"] / theirs[0]["rate"])
+    return out
+
+
 # ---------------------------------------------------------------------- entry
 
 
 async def run(args: argparse.Namespace) -> int:
     res = Results()
     cl = LocalCluster(args.fsync)
+    anchor = Nats(args.nats, args) if args.nats else None
     meta = {"fsync": args.fsync, "cpus": os.cpu_count(), "args": vars(args) | {"func": None}}
     try:
         cl.start()
         print(f"raftq cluster up (fsync {args.fsync}); leader {cl.leader()}", flush=True)
-        await run_cases(cl, args, res)
+        if anchor is not None:
+            anchor.start()
+        await run_cases(cl, args, res, anchor.round if anchor is not None else None)
         meta["rss_mb_after"] = cl.rss_mb()
         meta["raft_stats"] = st = cl.raft_stats()
         for nid, d in sorted(st.items()):
@@ -550,29 +593,37 @@ async def run(args: argparse.Namespace) -> int:
                   f"{d.get('snapshots', 0):.0f} snapshots")  # fmt: skip
     finally:
         cl.stop()
+        if anchor is not None:
+            anchor.stop()
     summary = res.summary()
-    nats = run_nats(args.nats, args) if args.nats else []
+    nats = summarize(anchor.rows) if anchor is not None else []
     table = ratios(summary, nats)
-    print("\n== raftq summary (median of runs; spread = min..max) ==")
-    for s in summary:
-        lat = (f" p50 {s['median_p50_ms']:.2f} ms p99 {s['median_p99_ms']:.2f} ms"
-               if "median_p50_ms" in s else "")  # fmt: skip
-        extra = ""
-        if "median_unavailable_s" in s:
-            extra = (f" unavailable median {s['median_unavailable_s']:.2f} s, "
-                     f"max {s['max_unavailable_s']:.2f} s")  # fmt: skip
-        if "median_rss_mb_max" in s:
-            extra = (f" RSS max {s['median_rss_mb_max']:.0f} MB/node, restart->all ready "
-                     f"{s['median_restart_ready_s']:.2f} s, ->publish "
-                     f"{s['median_restart_publish_s']:.2f} s")  # fmt: skip
-        print(f"{s['case']:52s} {s['median_rate']:10.0f}/s "
-              f"({s['min_rate']:.0f}..{s['max_rate']:.0f}){lat}{extra}")  # fmt: skip
+    for title, rows in (("NATS JetStream", nats), ("raftq", summary)):
+        if rows:
+            print(f"\n== {title} summary (median of runs; spread = min..max) ==")
+        for s in rows:
+            lat = (f" p50 {s['median_p50_ms']:.2f} ms p99 {s['median_p99_ms']:.2f} ms"
+                   if "median_p50_ms" in s else "")  # fmt: skip
+            extra = ""
+            if "median_unavailable_s" in s:
+                extra = (f" unavailable median {s['median_unavailable_s']:.2f} s, "
+                         f"max {s['max_unavailable_s']:.2f} s")  # fmt: skip
+            if "median_rss_mb_max" in s:
+                extra = (f" RSS max {s['median_rss_mb_max']:.0f} MB/node, restart->all ready "
+                         f"{s['median_restart_ready_s']:.2f} s, ->publish "
+                         f"{s['median_restart_publish_s']:.2f} s")  # fmt: skip
+            print(f"{s['case']:52s} {s['median_rate']:10.0f}/s "
+                  f"({s['min_rate']:.0f}..{s['max_rate']:.0f}){lat}{extra}")  # fmt: skip
     if table:
         print("\n== raftq / NATS JetStream (sync_interval: always) ==")
         for r in table:
+            rounds = per_round(r, res.rows, anchor.rows if anchor is not None else [])
+            r["rounds"] = rounds
+            each = "/".join(f"{x:.2f}" for x in rounds)
             print(f"{r['case']:52s} {r['ratio']:5.2f}x  ({r['raftq']:.0f} vs {r['nats']:.0f}/s "
-                  f"{r['nats_case']})")  # fmt: skip
-    report = {"meta": meta, "runs": res.rows, "summary": summary, "nats": nats, "ratios": table}
+                  f"{r['nats_case']}; per round {each})")  # fmt: skip
+    report = {"meta": meta, "runs": res.rows, "summary": summary, "nats": nats, "ratios": table,
+              "nats_runs": anchor.rows if anchor is not None else []}  # fmt: skip
     with open(args.out, "w") as f:  # noqa: ASYNC230 - once, at the end
         json.dump(report, f, indent=1, default=str)
     print(f"\nwrote {args.out}")

@@ -1,0 +1,49 @@
+"""``raftq bench``'s NATS rounds and ratios, against a fake anchor directory (no NATS here)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from raftq.node.bench import Nats, per_round, ratios, summarize
+
+FAKE_BENCH = """
+import json, os, sys, time
+args = sys.argv[1:]
+tag = args[args.index("--tag") + 1]
+rate = {"sync-always-r1": 600.0, "sync-always-r2": 500.0, "sync-always-r3": 700.0}[tag]
+out = os.path.join(os.environ["ANCHOR_WORK"], "results")
+os.makedirs(out, exist_ok=True)
+rows = [{"case": "(a) sync publish 100B", "run": 1, "n": 1, "secs": 1.0, "rate": rate,
+         "p50_ms": 1.5, "p99_ms": 3.0},
+        {"case": "(b) pipelined publish 100B (window 1000)", "run": 1, "n": 1, "secs": 1.0,
+         "rate": rate * 40}]
+with open(os.path.join(out, f"nats-{tag}-{time.time_ns()}.json"), "w") as f:
+    json.dump({"runs": rows}, f)
+"""
+
+
+def test_nats_rounds_interleave_and_give_medians_and_ratios(tmp_path: Path) -> None:
+    (tmp_path / "start_nats.sh").write_text('touch "$ANCHOR_WORK/started"\n')
+    (tmp_path / "stop_nats.sh").write_text('rm -f "$ANCHOR_WORK/started"\n')
+    (tmp_path / "bench_nats.py").write_text(FAKE_BENCH)
+    args = argparse.Namespace(sizes="100", n=100, secs=1.0)
+    anchor = Nats(str(tmp_path), args)
+    anchor.start()
+    assert Path(anchor.work, "started").exists()
+    for run in (1, 2, 3):
+        anchor.round(run)
+    anchor.stop()
+    assert not Path(anchor.work).exists()
+    assert [r["run"] for r in anchor.rows] == [1, 1, 2, 2, 3, 3]
+    nats = summarize(anchor.rows)
+    assert (nats[0]["median_rate"], nats[0]["min_rate"], nats[0]["max_rate"]) == (600, 500, 700)
+    ours = [
+        {"case": "(a) sync publish 100B", "median_rate": 540.0},
+        {"case": "(c) batch publish 100B (100/request, 10 in flight)", "median_rate": 48_000.0},
+    ]
+    table = {r["case"][:3]: round(r["ratio"], 2) for r in ratios(ours, nats)}
+    assert table == {"(a)": 0.9, "(c)": 2.0}  # (c) is set against NATS's pipelined publishes
+    mine = [{"case": "(a) sync publish 100B", "run": k, "rate": 600.0} for k in (1, 2, 3)]
+    (a,) = (r for r in ratios(ours, nats) if r["case"].startswith("(a)"))
+    assert per_round(a, mine, anchor.rows) == [1.0, 1.2, 600 / 700]
