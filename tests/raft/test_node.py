@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -522,3 +523,111 @@ def test_wire_messages_are_zlib_streams_of_stored_blocks(size: int) -> None:
     wire = _stored_zlib(data)
     assert zlib.decompress(wire) == data
     assert len(wire) == len(data) + 2 + 5 * max(1, -(-size // 0xFFFF)) + 4
+
+
+def _count_appends(leader: RaftNode) -> dict[str, int]:
+    """Append messages carrying entries that the leader sends, per follower id."""
+    sent: dict[str, int] = {}
+    send_now = leader._send_now
+
+    def counting(node: Any, message: Any) -> bool:
+        if isinstance(message, dict) and message.get("entries"):
+            nid = leader._info[node.id][0]
+            sent[nid] = sent.get(nid, 0) + 1
+        return send_now(node, message)
+
+    leader._send_now = counting  # type: ignore[method-assign]
+    return sent
+
+
+def _journals_equal(ns: Nodes) -> bool:
+    ends = {n._journal[-1][1] for n in ns.nodes.values() if n._journal is not None}
+    return len(ends) == 1
+
+
+@pytest.mark.parametrize("quorum_sends", [True, False], ids=["quorum", "everyone"])
+async def test_new_entries_go_at_once_only_to_the_followers_a_majority_needs(
+    tmp_path: Path, quorum_sends: bool
+) -> None:
+    """With quorum sends, sequential proposals wake one follower per entry; the other gets
+    them batched with the heartbeat and still ends up with the same log."""
+    ns = Nodes(tmp_path, 3)
+    for nid in ns.addrs:
+        node = RaftNode(ns.config(nid), quorum_sends=quorum_sends)
+        node.start()
+        ns.nodes[nid] = node
+    try:
+        leader = await ns.leader()
+        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        await until("every log to match", lambda: _journals_equal(ns))
+        sent = _count_appends(leader)
+        t0 = time.monotonic()
+        for i in range(60):
+            await leader.propose([pub("t", b"%d" % i)])
+        await until("every log to match", lambda: _journals_equal(ns))
+        followers = [n for n in ns.nodes.values() if n is not leader]
+        counts = sorted(sent.get(n.config.node_id, 0) for n in followers)
+        tagged = [n._quorum_at > t0 for n in followers], [n._lagging_at > t0 for n in followers]
+        if quorum_sends:
+            assert counts[1] >= 60 and counts[0] <= 30, counts
+            assert any(tagged[0]) and any(tagged[1])  # one told it is in the quorum, one not
+        else:
+            assert counts[0] >= 60, counts
+            assert not any(tagged[0]) and not any(tagged[1])  # no tags: full timeout range
+        await until(
+            "every replica to apply it all",
+            lambda: len({n.read(lambda b: b.digest()) for n in ns.nodes.values()}) == 1,
+        )
+    finally:
+        await ns.close()
+
+
+async def test_a_stalled_quorum_follower_is_replaced_by_the_first_to_acknowledge(
+    tmp_path: Path,
+) -> None:
+    ns = Nodes(tmp_path, 3)
+    for nid in ns.addrs:
+        ns.start(nid)
+    try:
+        leader = await ns.leader()
+        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        await leader.propose([pub("t", b"first")])
+        (chosen,) = leader._quorum
+        stalled = next(n for n in ns.nodes.values() if n.config.raft_addr == chosen.id)
+        other = next(n for n in ns.nodes.values() if n is not leader and n is not stalled)
+        stalled._tick_lock.acquire()  # its tick thread stops: no acknowledgements
+        try:
+            for i in range(5):
+                await leader.propose([pub("t", b"%d" % i)], timeout=5)
+            assert leader.stats["rescues"] >= 1
+            assert [n.id for n in leader._quorum] == [other.config.raft_addr]
+        finally:
+            stalled._tick_lock.release()
+        await leader.propose([pub("t", b"after")])
+        await until("every log to match", lambda: _journals_equal(ns))
+    finally:
+        await ns.close()
+
+
+def test_fast_election_timeouts_put_the_quorum_follower_first() -> None:
+    """After the leader's connection drops, a follower sent new entries as a quorum member
+    stands first: one that got them only in heartbeats lags, and its vote request would be
+    refused by the other (whose own timeout the election would then wait for)."""
+    from types import SimpleNamespace
+
+    from raftq.cluster.raft import FAST_ELECTION_MAX, FAST_ELECTION_MIN, FAST_ELECTION_SPLIT
+
+    node = RaftNode(RaftConfig("n1", "127.0.0.1:1", "127.0.0.1:2", {}, None, "s"))
+    node._b = SimpleNamespace(_SyncObj__raftState=0)  # a follower
+    node._leader_lost, node._leader_lost_until = True, time.monotonic() + 60
+
+    def spread() -> tuple[float, float]:
+        draws = [node._election_timeout() for _ in range(300)]
+        return min(draws), max(draws)
+
+    lo, hi = spread()  # idle: nothing heard either way
+    assert lo < FAST_ELECTION_SPLIT < hi and lo >= FAST_ELECTION_MIN and hi <= FAST_ELECTION_MAX
+    node._lagging_at = time.monotonic()
+    assert spread()[0] >= FAST_ELECTION_SPLIT
+    node._quorum_at = time.monotonic()  # a quorum member (it may have lagged before)
+    assert spread()[1] <= FAST_ELECTION_SPLIT
