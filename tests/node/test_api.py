@@ -570,3 +570,32 @@ async def test_readyz_waits_until_the_leaders_commit_index_is_applied_once(
     assert (await client.get("/readyz")).status == 200
     applied[0] = 48  # trailing a busy leader by a little afterwards: still ready
     assert (await client.get("/readyz")).status == 200
+
+
+async def test_applies_wake_the_ticker_only_when_something_falls_due_sooner(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    raft, client = node
+    api = client.app[API_KEY]
+    topic = await make_topic(client)
+    loop = asyncio.get_running_loop()
+
+    async def publish(**extra: Any) -> None:
+        msg = {"payload": b"x", **extra}
+        await raft.propose([{"op": "publish", "topic": topic, "messages": [msg]}])
+
+    def asleep_for_1s() -> None:  # (a listener call disarms the ticker's signal)
+        api._apply_signal, api._ticker_until = loop.create_future(), time.time() * 1000 + 1000
+
+    await publish()
+    asleep_for_1s()
+    assert not api._wants_apply()  # a plain publish moved nothing earlier
+    await publish(delay=0.2)
+    asleep_for_1s()
+    assert api._wants_apply()  # its delay ends before the ticker would wake
+    api._ticker_until = raft.read(lambda b: b.next_due())
+    assert not api._wants_apply()  # already asleep until exactly then
+    api._ticker_until = None
+    assert api._wants_apply()  # between two sleeps: always
+    api._apply_signal = None
+    assert not api._wants_apply()  # nobody waits at all (a follower)

@@ -35,7 +35,7 @@ class LocalRaft:
         self.clock = clock or (lambda: int(time.time() * 1000))
         self._lock = threading.Lock()
         self._order = asyncio.Lock()
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: list[tuple[Callable[[], None], Callable[[], bool] | None]] = []
         self.leader_id: str | None = node_id
         self.leader_api: str | None = api_addr
         self.index = 0
@@ -79,8 +79,9 @@ class LocalRaft:
             results = apply_entry(self.broker, data)
             self.index += 1
             self.entries.append(n)
-        for cb in self._listeners:
-            cb()
+        for cb, wanted in self._listeners:
+            if wanted is None or wanted():
+                cb()
         return results
 
     def read(self, fn: Callable[[Broker], T]) -> T:
@@ -113,7 +114,7 @@ class LocalRaft:
     def add_apply_listener(
         self, cb: Callable[[], None], wanted: Callable[[], bool] | None = None
     ) -> None:
-        self._listeners.append(cb)  # called on the loop right after each entry applies
+        self._listeners.append((cb, wanted))  # on the loop right after each entry applies
 
     async def add_member(
         self, node_id: str, raft_addr: str, api_addr: str, timeout: float = 10.0
