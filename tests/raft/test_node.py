@@ -54,8 +54,8 @@ class Nodes:
         data = None if self.root is None else str(self.root / nid)
         return RaftConfig(nid, raft, api, peers, data, "secret")
 
-    def start(self, nid: str, members: list[str] | None = None) -> RaftNode:
-        node = RaftNode(self.config(nid, members), compaction_entries=self.compaction)
+    def start(self, nid: str, members: list[str] | None = None, **kw: Any) -> RaftNode:
+        node = RaftNode(self.config(nid, members), compaction_entries=self.compaction, **kw)
         node.start()
         self.nodes[nid] = node
         return node
@@ -324,9 +324,7 @@ async def test_pipelined_appends_never_make_followers_rewrite_their_log(
     are sent again."""
     three = Nodes(tmp_path, 3)
     for nid in three.addrs:
-        n = RaftNode(three.config(nid), fix_stale_acks=leader_fix)
-        n.start()
-        three.nodes[nid] = n
+        three.start(nid, fix_stale_acks=leader_fix)
     try:
         await _pipelined(three, caplog, leader_fix)
     finally:
@@ -553,9 +551,7 @@ async def test_new_entries_go_at_once_only_to_the_followers_a_majority_needs(
     them batched with the heartbeat and still ends up with the same log."""
     ns = Nodes(tmp_path, 3)
     for nid in ns.addrs:
-        node = RaftNode(ns.config(nid), quorum_sends=quorum_sends)
-        node.start()
-        ns.nodes[nid] = node
+        ns.start(nid, quorum_sends=quorum_sends)
     try:
         leader = await ns.leader()
         await leader.propose([{"op": "create_topic", "topic": "t"}])
@@ -631,3 +627,34 @@ def test_fast_election_timeouts_put_the_quorum_follower_first() -> None:
     assert spread()[0] >= FAST_ELECTION_SPLIT
     node._quorum_at = time.monotonic()  # a quorum member (it may have lagged before)
     assert spread()[1] <= FAST_ELECTION_SPLIT
+
+
+async def test_a_restarted_node_applies_what_was_committed_before_any_leader_is_known(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ns = Nodes(tmp_path, 3)
+    for nid in ns.addrs:
+        ns.start(nid)
+    try:
+        leader = await ns.leader()
+        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        for i in range(30):
+            await leader.propose([pub("t", b"%d" % i)])
+        await until(
+            "every replica to apply it all",
+            lambda: all(
+                n.read(lambda b: b.topic_stats("t")["messages"] if b.topics else 0) == 30
+                for n in ns.nodes.values()
+            ),
+        )
+        await ns.close()
+        alone = ns.start("n2")  # no quorum: it will hear from no leader
+        assert alone.read(lambda b: b.topic_stats("t")["messages"]) == 30
+        await ns.close()
+        mark = tmp_path / "n2" / "commit.bin"
+        mark.write_bytes(b"garbage")  # a damaged mark is ignored: start, apply nothing yet
+        alone = ns.start("n2")
+        assert "commit.bin ignored" in caplog.text
+        assert not alone.read(lambda b: b.topics)
+    finally:
+        await ns.close()

@@ -72,6 +72,7 @@ from pysyncobj.transport import TCPTransport
 from raftq.cluster.entry import apply_entry, encode_entry
 from raftq.cluster.state import Broker
 from raftq.cluster.storage import (
+    CommitMark,
     Disk,
     Entry,
     Journal,
@@ -151,6 +152,7 @@ QUORUM_SENDS = True  # a new entry goes at once only to the followers a majority
 RESCUE_AFTER = 0.005  # entries still uncommitted this long after their quorum send go to every
 # follower; the first followers to acknowledge them become the new quorum (a stalled one is
 # dropped from it).
+COMMIT_MARK_EVERY = 1.0  # seconds between CommitMark writes (no fsync; also written at stop)
 QUEUE_MAX = 4096  # proposals waiting for the tick thread (each is a batch); beyond: QueueFull
 PICKLE_PROTOCOL = 4  # a 10 KB append: protocol 2 (pysyncobj's) 124/105 us to dump/load and
 # 15 KB on the wire (bytes become latin-1 text); protocol 4: 3.3/3.8 us and 10 KB.
@@ -599,6 +601,8 @@ class RaftNode:
         self._b: Any = None
         self._journal: Journal | None = None
         self._snaps: _Snapshots | None = None
+        self._commit_mark: CommitMark | None = None
+        self._commit_marked_at = 0.0
         self._notifier: Any = None
         self._func: Any = None
         self._orig_send: Any = None
@@ -633,6 +637,7 @@ class RaftNode:
             snap_path = os.path.join(cfg.data_dir, "snapshot.bin")
             meta = MetaStore(self._disk, meta_path, self.fsync)
             journal = Journal(self._disk, journal_path, meta, self.fsync)
+            self._commit_mark = CommitMark(self._disk, os.path.join(cfg.data_dir, "commit.bin"))
             disk: Disk | None = self._disk
         else:
             journal = Journal(None, None, None)
@@ -711,6 +716,11 @@ class RaftNode:
                     f" the snapshot before it is missing"
                 )
             )
+        if self._fatal is None:
+            try:
+                self._apply_marked()
+            except StorageError as e:
+                self._fail(e)
         if self._fatal is not None:
             b._doDestroy()
             self._close_notifier()
@@ -727,6 +737,50 @@ class RaftNode:
         b._SyncObj__raftElectionDeadline = monotonic() + b._SyncObj__generateRaftTimeout()
         self._thread = threading.Thread(target=self._run, name=f"raft-{cfg.node_id}", daemon=True)
         self._thread.start()
+
+    def _apply_marked(self) -> None:
+        """At start, before the election clock runs: apply the journal up to the commit mark
+        (see ``CommitMark``), if the journal still holds that entry with the same term."""
+        mark, journal, b = self._commit_mark, self._journal, self._b
+        if mark is None or journal is None or mark.index <= b._SyncObj__raftCommitIndex:
+            return
+        if journal.term_at(mark.index) != mark.term:
+            log.warning(
+                "raft %s: commit mark %d (term %d) not in the journal: ignored",
+                self.config.node_id,
+                mark.index,
+                mark.term,
+            )
+            return
+        t0 = time.monotonic()
+        first = b._SyncObj__raftLastApplied
+        b._SyncObj__raftCommitIndex = mark.index
+        b._SyncObj__applyLogEntries()
+        log.info(
+            "raft %s: applied entries %d-%d (committed before the restart) in %.2f s",
+            self.config.node_id,
+            first + 1,
+            mark.index,
+            time.monotonic() - t0,
+        )
+
+    def _mark_commit(self, now: bool) -> None:
+        """Tick thread, after the journal sync: keep the commit mark within a second."""
+        mark, journal = self._commit_mark, self._journal
+        if mark is None or journal is None:
+            return
+        idx = self._b._SyncObj__raftCommitIndex
+        t = time.monotonic()
+        if idx <= mark.index or (not now and t - self._commit_marked_at < COMMIT_MARK_EVERY):
+            return
+        term = journal.term_at(idx)
+        if term is None:
+            return
+        self._commit_marked_at = t
+        try:
+            mark.store(idx, term)
+        except OSError as e:  # a hint only: the next write may succeed
+            log.warning("raft %s: commit mark not written: %s", self.config.node_id, e)
 
     @staticmethod
     def _align_journal(journal: Journal, prev: Entry, last: Entry) -> None:
@@ -846,6 +900,7 @@ class RaftNode:
         finally:
             if journal.dirty:
                 self._sync(journal)
+        self._mark_commit(self._closed)
         self._bound_reads()
         if self._acks:
             acks, self._acks = self._acks, []

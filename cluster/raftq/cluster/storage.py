@@ -29,7 +29,7 @@ records what was synced and simulate power loss. Rules kept here:
   never a torn write. Older versions read only ``journal.log``: downgrading after a roll is
   not supported;
 * small files (meta, snapshots) are replaced atomically: temp file, fsync, rename, directory
-  fsync.
+  fsync; the commit mark (``CommitMark``) likewise but without fsync: it is only a hint.
 
 With ``fsync=False`` ("never") every sync is skipped: a kill -9 loses nothing, a power loss can
 lose acknowledged entries. This module never imports pysyncobj.
@@ -239,6 +239,32 @@ class MetaStore:
         except OSError as e:
             raise StorageError(f"{self.path}: {e}") from e
         self.term, self.voted_for = term, voted_for
+
+
+class CommitMark:
+    """The highest index known to be committed, and its entry's term, so a restarted node can
+    apply its journal up to there before it hears from a leader (pysyncobj relearns the commit
+    index from the leader; after a full-cluster restart nothing was applied until a leader
+    was elected, and that leader then applied the whole journal in one tick, missing its
+    heartbeats). Written without fsync, at most once a second and at stop: an index once
+    committed stays committed, so an old or lost mark only means replaying less; a damaged
+    one is ignored."""
+
+    def __init__(self, disk: Disk, path: str) -> None:
+        self.disk, self.path = disk, path
+        self.index, self.term = 0, 0
+        data = disk.read(path)
+        if data is not None:
+            try:
+                obj = msgpack.unpackb(unseal(data, path), raw=False)
+                self.index, self.term = int(obj["index"]), int(obj["term"])
+            except Exception as e:  # a hint only: never a reason not to start
+                log.warning("%s ignored: %s", path, e)
+
+    def store(self, index: int, term: int) -> None:
+        blob = seal(msgpack.packb({"index": index, "term": term}))
+        write_atomic(self.disk, self.path, blob, fsync=False)
+        self.index, self.term = index, term
 
 
 def _segment_gen(base: str, name: str) -> int | None:
@@ -750,7 +776,7 @@ class Journal:
                 self._file = None
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
-        # Not persisted: after a restart the commit index is relearned from the leader.
+        # Not here: the binding keeps a CommitMark (pysyncobj calls this on every commit).
         pass
 
     def getRaftCommitIndex(self) -> int:
