@@ -545,10 +545,13 @@ def _journals_equal(ns: Nodes) -> bool:
 
 @pytest.mark.parametrize("quorum_sends", [True, False], ids=["quorum", "everyone"])
 async def test_new_entries_go_at_once_only_to_the_followers_a_majority_needs(
-    tmp_path: Path, quorum_sends: bool
+    tmp_path: Path, quorum_sends: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With quorum sends, sequential proposals wake one follower per entry; the other gets
     them batched with the heartbeat and still ends up with the same log."""
+    import raftq.cluster.raft as raft_module
+
+    monkeypatch.setattr(raft_module, "RESCUE_AFTER", 1.0)  # no rescues on a loaded box
     ns = Nodes(tmp_path, 3)
     for nid in ns.addrs:
         ns.start(nid, quorum_sends=quorum_sends)
@@ -588,6 +591,7 @@ async def test_a_stalled_quorum_follower_is_replaced_by_the_first_to_acknowledge
         leader = await ns.leader()
         await leader.propose([{"op": "create_topic", "topic": "t"}])
         await leader.propose([pub("t", b"first")])
+        await until("a quorum follower", lambda: len(leader._quorum) == 1)
         (chosen,) = leader._quorum
         stalled = next(n for n in ns.nodes.values() if n.config.raft_addr == chosen.id)
         other = next(n for n in ns.nodes.values() if n is not leader and n is not stalled)
@@ -656,5 +660,49 @@ async def test_a_restarted_node_applies_what_was_committed_before_any_leader_is_
         alone = ns.start("n2")
         assert "commit.bin ignored" in caplog.text
         assert not alone.read(lambda b: b.topics)
+    finally:
+        await ns.close()
+
+
+def test_a_quorum_send_reaches_only_the_quorum_while_everyone_sees_every_member() -> None:
+    from raftq.cluster.raft import _Members
+
+    members = _Members({"a", "b"})
+    members.only = {"a"}
+    assert members | set() == {"a"}  # pysyncobj's send loop: `others | readonly`
+    assert set(members) == {"a", "b"} and len(members) == 2 and "b" in members
+    members.only = None
+    assert members | {"c"} == {"a", "b", "c"}
+
+
+async def test_a_snapshot_message_never_commits_entries_it_did_not_check(tmp_path: Path) -> None:
+    """A follower holding entries nobody else has (an old leader's tail) must not commit them
+    because a snapshot chunk carries a higher commit index: that message checks nothing."""
+    ns = Nodes(tmp_path, 3)
+    for nid in ns.addrs:
+        ns.start(nid)
+    try:
+        leader = await ns.leader()
+        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        await until("every log to match", lambda: _journals_equal(ns))
+        follower = next(n for n in ns.nodes.values() if n is not leader)
+        fb, journal = follower._b, follower._journal
+        assert journal is not None
+        with follower._tick_lock:  # its tick thread stays out meanwhile
+            committed = fb._SyncObj__raftCommitIndex
+            last = journal[-1][1]
+            for idx in range(last + 1, last + 4):
+                journal.add(b"\x01", idx, 0)  # a tail of no-ops from an older term
+            leader_node = fb._SyncObj__raftLeader
+            message = {
+                "type": "append_entries",
+                "term": fb._SyncObj__raftCurrentTerm,
+                "commit_index": last + 3,
+                "serialized": None,  # "no snapshot ready yet": no log check at all
+            }
+            follower._on_message(leader_node, message)
+            assert fb._SyncObj__raftCommitIndex == committed
+        await leader.propose([pub("t", b"after")])  # the leader's append replaces the tail
+        await until("every log to match", lambda: _journals_equal(ns))
     finally:
         await ns.close()

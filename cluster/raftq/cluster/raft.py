@@ -151,7 +151,9 @@ QUORUM_SENDS = True  # a new entry goes at once only to the followers a majority
 # and (d) unchanged within the noise.
 RESCUE_AFTER = 0.005  # entries still uncommitted this long after their quorum send go to every
 # follower; the first followers to acknowledge them become the new quorum (a stalled one is
-# dropped from it).
+# dropped from it). Or after 3x the recent commit time, up to RESCUE_MAX, where commits are
+# slower (a network disk, a loaded leader): rescuing every entry would double the sends.
+RESCUE_MAX = 0.025
 COMMIT_MARK_EVERY = 1.0  # seconds between CommitMark writes (no fsync; also written at stop)
 QUEUE_MAX = 4096  # proposals waiting for the tick thread (each is a batch); beyond: QueueFull
 PICKLE_PROTOCOL = 4  # a 10 KB append: protocol 2 (pysyncobj's) 124/105 us to dump/load and
@@ -571,7 +573,8 @@ class RaftNode:
         self._fix_sends = fix_partial_sends
         self._quorum_sends = quorum_sends
         self._quorum: list[Any] = []  # followers sent new entries at once (see _send_new)
-        self._race: tuple[int, list[Any]] | None = None  # (index, first to acknowledge it)
+        self._race: tuple[int, int, list[Any]] | None = None  # (index, term, first acks)
+        self._commit_s = 0.0  # moving average: our entries' append -> apply (quorum sends)
         self._socket_buffer = socket_buffer
         self._rview = memoryview(bytearray(socket_buffer))  # reads land here (tick thread only)
         self._lock = threading.Lock()  # apply vs reads
@@ -742,8 +745,9 @@ class RaftNode:
         """At start, before the election clock runs: apply the journal up to the commit mark
         (see ``CommitMark``), if the journal still holds that entry with the same term."""
         mark, journal, b = self._commit_mark, self._journal, self._b
-        if mark is None or journal is None or mark.index <= b._SyncObj__raftCommitIndex:
-            return
+        done = max(b._SyncObj__raftCommitIndex, b._SyncObj__raftLastApplied)
+        if mark is None or journal is None or mark.index <= done:
+            return  # (a mark older than the snapshot: nothing to replay)
         if journal.term_at(mark.index) != mark.term:
             log.warning(
                 "raft %s: commit mark %d (term %d) not in the journal: ignored",
@@ -1031,14 +1035,16 @@ class RaftNode:
                 self._quorum = []
                 return False
         self._quorum = chosen
+        if not isinstance(others, _Members):  # pysyncobj replaces it on a snapshot install
+            others = b._SyncObj__otherNodes = _Members(others)
         heartbeat = b._SyncObj__newAppendEntriesTime  # the others' next send: not moved
-        b._SyncObj__otherNodes = set(chosen)  # what pysyncobj's send loop iterates
+        others.only = set(chosen)
         self._quorum_sending = True
         try:
             b._SyncObj__sendAppendEntries()
         finally:
             self._quorum_sending = False
-            b._SyncObj__otherNodes = others
+            others.only = None
             b._SyncObj__newAppendEntriesTime = heartbeat
         return True
 
@@ -1052,13 +1058,20 @@ class RaftNode:
             first = next(iter(self._pending.values()), None)
         if first is None or first.state != _LOGGED or b._SyncObj__raftState != _LEADER:
             return TICK
-        left = first.logged_at + RESCUE_AFTER - time.monotonic()
+        after = max(RESCUE_AFTER, min(3 * self._commit_s, RESCUE_MAX))
+        left = first.logged_at + after - time.monotonic()
         if left > 0:
             return min(TICK, left)
-        if self._race is None or self._race[0] < first.index:
+        others = b._SyncObj__otherNodes
+        match = b._SyncObj__raftMatchIndex
+        if sum(match.get(n, 0) >= first.index for n in others) >= (len(others) + 1) // 2:
+            return TICK  # acknowledged: this tick commits it
+        term = b._SyncObj__raftCurrentTerm
+        race = self._race
+        if race is None or race[0] < first.index or race[1] != term:
             journal = self._journal
             assert journal is not None
-            self._race = (journal[-1][1], [])
+            self._race = (journal[-1][1], term, [])
             self.stats["rescues"] += 1
             b._SyncObj__sendAppendEntries()
         return TICK
@@ -1088,6 +1101,8 @@ class RaftNode:
                 p = self._pending.pop(idx, None)
                 if p is not None and p.state == _LOGGED:
                     p.state = _DONE
+                    if self._quorum:
+                        self._commit_s += (time.monotonic() - p.logged_at - self._commit_s) / 16
                     journal = self._journal
                     assert journal is not None
                     if journal.term_at(idx) == p.term:
@@ -1157,6 +1172,12 @@ class RaftNode:
     def _on_message(self, node: Any, message: Any) -> None:
         b = self._b
         if isinstance(message, dict) and message.get("type") == "append_entries":
+            if "prevLogIdx" not in message and "commit_index" in message:
+                # A snapshot chunk (or "none yet") checks nothing of our log, yet pysyncobj
+                # raised our commit index to the leader's over whatever our log holds: an
+                # old leader's unreplicated tail got applied (and, kept by the commit mark,
+                # re-applied after a restart). Raft advances it only on a verified append.
+                message["commit_index"] = min(message["commit_index"], b._SyncObj__raftCommitIndex)
             quorum = message.get("quorum")
             if quorum:
                 self._quorum_at = time.monotonic()
@@ -1240,10 +1261,10 @@ class RaftNode:
                 if nxt - 1 > match[node]:
                     match[node] = nxt - 1
                     race = self._race
-                    if race is not None and nxt - 1 >= race[0] and node not in race[1]:
-                        race[1].append(node)
-                        if len(race[1]) >= (len(b._SyncObj__otherNodes) + 1) // 2:
-                            self._quorum, self._race = race[1], None
+                    if race is not None and nxt - 1 >= race[0] and node not in race[2]:
+                        race[2].append(node)
+                        if len(race[2]) >= (len(b._SyncObj__otherNodes) + 1) // 2:
+                            self._quorum, self._race = race[2], None
                 if nxt > nxt_tbl.get(node, 0):
                     nxt_tbl[node] = nxt
                 elif nxt < nxt_tbl.get(node, 0):
@@ -1519,6 +1540,24 @@ class RaftNode:
         """Start a snapshot now (tests, benchmarks)."""
         self._calls.append(lambda: self._b.forceLogCompaction())
         self._wake()
+
+
+class _Members(set):  # type: ignore[type-arg]
+    """pysyncobj's set of the other members. While ``only`` is set (by ``_send_new``, under
+    ``_tick_lock``), ``members | readonly`` - how pysyncobj's send loop picks its targets -
+    yields just those nodes; everything else, other threads included, still sees every
+    member (swapping the set made /cluster and remove_member see a smaller cluster)."""
+
+    __slots__ = ("only",)
+
+    def __init__(self, nodes: Any = ()) -> None:
+        super().__init__(nodes)
+        self.only: set[Any] | None = None
+
+    def __or__(self, other: Any) -> Any:
+        if self.only is not None:
+            return self.only | other
+        return set.__or__(self, other)
 
 
 class _UnlockedWait:
