@@ -27,7 +27,10 @@ What it changes in pysyncobj 0.3.17, through its extension points only:
   every one resolves (apply, superseded entry, snapshot install, stop or timeout);
 * sends: a new entry goes at once only to the followers a majority needs (``_send_new``; the
   rest get it with the next heartbeat), and to all of them if it is not committed within
-  ``RESCUE_AFTER`` (pysyncobj sent every entry to every follower at the next heartbeat).
+  ``RESCUE_AFTER`` (pysyncobj sent every entry to every follower at the next heartbeat);
+* commit index: a follower's advances only on an append whose log check passed (pysyncobj also
+  took the leader's on snapshot messages, over an unchecked log); a ``CommitMark`` lets a
+  restarted node apply its journal before it hears from a leader.
 
 Threads: pysyncobj runs on the tick thread, which holds ``_tick_lock`` except while it waits
 for events. A proposal made while it waits is appended and sent by the caller's thread right
