@@ -543,6 +543,15 @@ def _journals_equal(ns: Nodes) -> bool:
     return len(ends) == 1
 
 
+async def _with_topic(ns: Nodes, **kw: Any) -> RaftNode:
+    """Start every node of ``ns``; return the leader once topic ``t`` exists."""
+    for nid in ns.addrs:
+        ns.start(nid, **kw)
+    leader = await ns.leader()
+    await leader.propose([{"op": "create_topic", "topic": "t"}])
+    return leader
+
+
 @pytest.mark.parametrize("quorum_sends", [True, False], ids=["quorum", "everyone"])
 async def test_new_entries_go_at_once_only_to_the_followers_a_majority_needs(
     tmp_path: Path, quorum_sends: bool, monkeypatch: pytest.MonkeyPatch
@@ -553,11 +562,8 @@ async def test_new_entries_go_at_once_only_to_the_followers_a_majority_needs(
 
     monkeypatch.setattr(raft_module, "RESCUE_AFTER", 1.0)  # no rescues on a loaded box
     ns = Nodes(tmp_path, 3)
-    for nid in ns.addrs:
-        ns.start(nid, quorum_sends=quorum_sends)
     try:
-        leader = await ns.leader()
-        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        leader = await _with_topic(ns, quorum_sends=quorum_sends)
         await until("every log to match", lambda: _journals_equal(ns))
         sent = _count_appends(leader)
         t0 = time.monotonic()
@@ -585,11 +591,8 @@ async def test_a_stalled_quorum_follower_is_replaced_by_the_first_to_acknowledge
     tmp_path: Path,
 ) -> None:
     ns = Nodes(tmp_path, 3)
-    for nid in ns.addrs:
-        ns.start(nid)
     try:
-        leader = await ns.leader()
-        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        leader = await _with_topic(ns)
         await leader.propose([pub("t", b"first")])
         await until("a quorum follower", lambda: len(leader._quorum) == 1)
         (chosen,) = leader._quorum
@@ -637,11 +640,8 @@ async def test_a_restarted_node_applies_what_was_committed_before_any_leader_is_
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     ns = Nodes(tmp_path, 3)
-    for nid in ns.addrs:
-        ns.start(nid)
     try:
-        leader = await ns.leader()
-        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        leader = await _with_topic(ns)
         for i in range(30):
             await leader.propose([pub("t", b"%d" % i)])
         await until(
@@ -679,11 +679,8 @@ async def test_a_snapshot_message_never_commits_entries_it_did_not_check(tmp_pat
     """A follower holding entries nobody else has (an old leader's tail) must not commit them
     because a snapshot chunk carries a higher commit index: that message checks nothing."""
     ns = Nodes(tmp_path, 3)
-    for nid in ns.addrs:
-        ns.start(nid)
     try:
-        leader = await ns.leader()
-        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        leader = await _with_topic(ns)
         await until("every log to match", lambda: _journals_equal(ns))
         follower = next(n for n in ns.nodes.values() if n is not leader)
         fb, journal = follower._b, follower._journal
