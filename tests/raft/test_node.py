@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from raftq.cluster.raft import (
+    ELECTION_MAX,
     EntryTooLarge,
     NotLeader,
     QueueFull,
@@ -20,6 +24,7 @@ from raftq.cluster.raft import (
     RaftError,
     RaftNode,
     UnknownOutcome,
+    _Wait,
 )
 from raftq.cluster.storage import DiskFile, OsDisk
 from tests.raft.harness import free_ports
@@ -133,7 +138,7 @@ async def test_apply_listeners_run_on_their_loop_only_when_wanted() -> None:
         asked: list[int] = []
 
         def unwanted() -> bool:
-            asked.append(threading.get_ident())  # asked on the tick thread, after applying
+            asked.append(threading.get_ident())  # asked where the tick ran, after applying
             return False
 
         node.add_apply_listener(lambda: calls["wanted"].append(threading.get_ident()))
@@ -144,7 +149,8 @@ async def test_apply_listeners_run_on_their_loop_only_when_wanted() -> None:
         assert set(calls["wanted"]) == {me}  # on the loop that registered it
         # one call per tick that applied entries, not one per entry
         assert 1 <= len(calls["wanted"]) <= 51
-        assert asked and me not in asked and not calls["unwanted"]
+        # (a leader ticks on the loop that started it: this one, see LOOP_TICKS)
+        assert asked and set(asked) == {me} and not calls["unwanted"]
     finally:
         await ns.close()
 
@@ -703,3 +709,67 @@ async def test_a_snapshot_message_never_commits_entries_it_did_not_check(tmp_pat
         await until("every log to match", lambda: _journals_equal(ns))
     finally:
         await ns.close()
+
+
+# ---------------------------------------------------------------------- a leader's loop ticks
+
+
+async def test_a_leader_ticks_on_its_loop_and_hands_back_when_it_steps_down(
+    three: Nodes,
+) -> None:
+    leader = await three.leader()
+    await until("the loop to tick", lambda: leader._on_home and leader.stats["loop_ticks"])
+    me = threading.get_ident()
+    applied_on: list[int] = []
+    leader.add_apply_listener(lambda: None, lambda: bool(applied_on.append(threading.get_ident())))
+    await leader.propose([{"op": "create_topic", "topic": "t"}])
+    assert applied_on and set(applied_on) == {me}  # committed and applied on this loop
+    assert await leader.transfer_leadership(5.0)
+    new = await three.leader()
+    assert not leader._on_home  # a follower again: its tick thread ticks
+    await new.propose([pub("t", b"after")])
+    await until(
+        "the old leader to apply",
+        lambda: leader.status().applied_index >= new.status().commit_index,
+    )
+
+
+async def test_a_blocked_loop_does_not_cost_the_leader_its_leadership(three: Nodes) -> None:
+    """While the loop runs something long, the tick thread sends the heartbeats: without it
+    the followers would elect a new leader after ELECTION_MAX."""
+    leader = await three.leader()
+    await until("the loop to tick", lambda: leader._on_home and leader.stats["loop_ticks"])
+    term = leader.status().term
+    time.sleep(ELECTION_MAX + 0.5)  # noqa: ASYNC251 - blocking the loop is the point
+    assert leader.stats["watchdog_ticks"] > 0
+    assert leader.is_leader() and leader.status().term == term
+    assert all(n.status().term == term for n in three.nodes.values())
+    await leader.propose([{"op": "create_topic", "topic": "t"}])
+    assert leader._on_home
+
+
+def test_a_socket_closed_before_it_is_unregistered_wakes_the_loop_at_most_once() -> None:
+    """pysyncobj closes a socket, then unsubscribes it. While a forked snapshot writer holds a
+    copy, an epoll set keeps the registration: one-shot registrations report it once."""
+    w = _Wait(SimpleNamespace(_ticking=False, _tick_ident=0))
+    a, b = socket.socketpair()
+    try:
+        w.register(a.fileno(), select.POLLIN | select.POLLERR)
+        b.send(b"x")
+        assert w.poll(0) == [(a.fileno(), select.POLLIN)]
+        assert w.poll(0) == [(a.fileno(), select.POLLIN)]  # unread: reported again
+        assert a.recv(16) == b"x" and w.poll(0) == []
+        held = os.dup(a.fileno())  # the writer's copy
+        try:
+            fd = a.fileno()
+            a.close()
+            w.unregister(fd)
+            b.send(b"y")
+            w.poll(0)
+            assert not select.select([w.fileno()], [], [], 0)[0]  # the loop sleeps
+        finally:
+            os.close(held)
+    finally:
+        a.close()
+        b.close()
+        w.close()

@@ -1,9 +1,10 @@
 """The Raft binding: the only module that imports pysyncobj.
 
-``RaftNode`` runs one pysyncobj ``SyncObj`` subclass (``_Binding``) on its own tick thread and
-exposes one replicated entry point: ``await propose(commands)`` turns a batch of broker commands
-into ONE log entry (``entry.encode_entry``), replicates it and resolves with the per-command
-results once it is committed and applied. Outcomes are definite: a result, ``NotLeader`` /
+``RaftNode`` runs one pysyncobj ``SyncObj`` subclass (``_Binding``) on its own tick thread (a
+leader: on its event loop, see Threads below) and exposes one replicated entry point:
+``await propose(commands)`` turns a batch of broker commands into ONE log entry
+(``entry.encode_entry``), replicates it and resolves with the per-command results once it is
+committed and applied. Outcomes are definite: a result, ``NotLeader`` /
 ``QueueFull`` / ``EntryTooLarge`` (definitely not applied) or ``UnknownOutcome`` (maybe).
 
 What it changes in pysyncobj 0.3.17, through its extension points only:
@@ -32,10 +33,14 @@ What it changes in pysyncobj 0.3.17, through its extension points only:
   took the leader's on snapshot messages, over an unchecked log); a ``CommitMark`` lets a
   restarted node apply its journal before it hears from a leader.
 
-Threads: pysyncobj runs on the tick thread, which holds ``_tick_lock`` except while it waits
-for events. A proposal made while it waits is appended and sent by the caller's thread right
-away (the tick thread is woken only to sync it): one thread hand-off less per round. Anything
-else reaches pysyncobj through the thread-safe queues here.
+Threads: pysyncobj code runs only under ``_tick_lock``. A follower's runs on the tick thread,
+which holds the lock except while it waits for events; a proposal made while it waits is
+appended and sent by the caller's thread right away (the tick thread is woken only to sync it).
+A leader's runs on the event loop that started the node (``LOOP_TICKS``): Raft's sockets are
+one epoll set (``_Wait``) the loop watches, so an ack is read, committed, applied and answered
+in one wake-up, and a proposal is appended, sent and synced where it is made; the tick thread
+only watches and ticks if the loop has not for ``LOOP_WATCHDOG``. Anything else reaches
+pysyncobj through the thread-safe queues here.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import logging
 import os
 import pickle
 import random
+import select
 import signal
 import struct
 import threading
@@ -158,6 +164,12 @@ RESCUE_AFTER = 0.005  # entries still uncommitted this long after their quorum s
 # slower (a network disk, a loaded leader): rescuing every entry would double the sends.
 RESCUE_MAX = 0.025
 COMMIT_MARK_EVERY = 1.0  # seconds between CommitMark writes (no fsync; also written at stop)
+LOOP_TICKS = True  # a leader runs its Raft ticks on the event loop that started the node:
+# a follower's ack is read there, commits, applies and answers the request in one wake-up
+# instead of waking the tick thread, which then woke the loop (and the loop, on a proposal,
+# woke the tick thread to sync). One publish at a time, paired runs: see node/PERF.md.
+LOOP_WATCHDOG = 0.05  # ...and the tick thread ticks for a loop that has not for this long
+# (a long handler): heartbeats go out as before, whatever the loop is doing.
 QUEUE_MAX = 4096  # proposals waiting for the tick thread (each is a batch); beyond: QueueFull
 PICKLE_PROTOCOL = 4  # a 10 KB append: protocol 2 (pysyncobj's) 124/105 us to dump/load and
 # 15 KB on the wire (bytes become latin-1 text); protocol 4: 3.3/3.8 us and 10 KB.
@@ -556,6 +568,7 @@ class RaftNode:
         fix_partial_sends: bool = True,
         socket_buffer: int = SOCKET_BUFFER,
         quorum_sends: bool = QUORUM_SENDS,
+        loop_ticks: bool = LOOP_TICKS,
     ) -> None:
         if config.fsync not in ("always", "never"):
             raise ValueError(f"fsync must be 'always' or 'never', not {config.fsync!r}")
@@ -579,10 +592,22 @@ class RaftNode:
         self._race: tuple[int, int, list[Any]] | None = None  # (index, term, first acks)
         self._commit_s = 0.0  # moving average: our entries' append -> apply (quorum sends)
         self._socket_buffer = socket_buffer
-        self._rview = memoryview(bytearray(socket_buffer))  # reads land here (tick thread only)
+        self._rview = memoryview(bytearray(socket_buffer))  # reads land here (under _tick_lock)
         self._lock = threading.Lock()  # apply vs reads
         self._tick_lock = threading.Lock()  # pysyncobj's state; the tick thread's but in its waits
         self._ticking = False  # the tick thread holds _tick_lock (its waits may release it)
+        self._tick_ident = 0  # the tick thread's id
+        # A leader's ticks run on the event loop that started the node (LOOP_TICKS; see
+        # _loop_tick): while _on_home is set (under _tick_lock) the tick thread only watches.
+        self._loop_ticks = loop_ticks
+        self._home: asyncio.AbstractEventLoop | None = None
+        self._home_ident = 0
+        self._on_home = False
+        self._home_attached = False  # the loop watches _wait (loop thread only)
+        self._home_timer: asyncio.TimerHandle | None = None
+        self._home_ticked_at = 0.0
+        self._unpark = threading.Event()
+        self._wait: _Wait | None = None
         self._closed = False  # pysyncobj destroyed (set under _tick_lock)
         self._qlock = threading.Lock()  # proposal queue and pending table
         self._queue: deque[tuple[bytes, _Pending]] = deque()
@@ -629,6 +654,8 @@ class RaftNode:
             "last_snapshot_ms": 0,
             "fast_elections": 0,
             "rescues": 0,
+            "loop_ticks": 0,
+            "watchdog_ticks": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -703,10 +730,8 @@ class RaftNode:
         transport.setOnMessageReceivedCallback(self._on_message)
         self._orig_disconnected = transport._onNodeDisconnectedCallback
         transport.setOnNodeDisconnectedCallback(self._on_disconnected)
+        self._install_wait(b._poller)
         self._notifier = PipeNotifier(b._poller)
-        inner = getattr(b._poller, "_PollPoller__poll", None)
-        if inner is not None:  # else (no select.poll) proposals always go through the queue
-            b._poller._PollPoller__poll = _UnlockedWait(inner, self)
         if self._snaps.exists():
             try:
                 self._snaps._loaded = loaded = self._snaps.load()
@@ -741,6 +766,10 @@ class RaftNode:
         # Loading a large snapshot takes seconds: start the election clock now, not at __init__,
         # or this node calls an election (and deposes a healthy leader) on its first tick.
         b._SyncObj__raftElectionDeadline = monotonic() + b._SyncObj__generateRaftTimeout()
+        if self._loop_ticks:
+            with contextlib.suppress(RuntimeError):  # no running loop: the tick thread only
+                self._home = asyncio.get_running_loop()
+                self._home_ident = threading.get_ident()
         self._thread = threading.Thread(target=self._run, name=f"raft-{cfg.node_id}", daemon=True)
         self._thread.start()
 
@@ -803,6 +832,7 @@ class RaftNode:
     def _run(self) -> None:
         stats = self.stats
         last = time.monotonic()
+        self._tick_ident = threading.get_ident()
         # Held from one tick to the next: only the poll wait releases it, so an entry appended
         # by another thread is always synced (_after_tick) before a tick counts it (found by
         # review: a single node committed such an entry unsynced when the lock was free between
@@ -811,13 +841,20 @@ class RaftNode:
             self._ticking = True
             try:
                 while not self._stopping and self._fatal is None:
+                    if self._on_home:
+                        self._watch_home()
+                        last = time.monotonic()
+                        continue
                     self._tick()
                     now = time.monotonic()
                     # Longest tick (poll wait included): heartbeats stop while it runs.
                     stats["max_tick_ms"] = max(stats["max_tick_ms"], int((now - last) * 1000))
                     last = now
+                    if self._home is not None and self._b._SyncObj__raftState == _LEADER:
+                        self._go_home()
             finally:
                 self._ticking = False
+            self._on_home = False
             self._closed = True
             try:
                 if self._fatal is None:
@@ -830,15 +867,16 @@ class RaftNode:
                 log.exception("closing raft failed")
         self._fail_all()
 
-    def _tick(self) -> None:
+    def _tick(self, block: bool = True) -> float:
+        """One pysyncobj tick and our flush after it; returns how long the next may wait."""
+        wait = TICK
         try:
-            wait = TICK
             if self._quorum and self._pending:
                 wait = self._rescue()
-            self._b.doTick(wait)
+            self._b.doTick(wait if block else 0.0)
         except StorageError as e:
             self._fail(e)
-            return
+            return wait
         except Exception:
             log.exception("raft tick failed")
         try:
@@ -850,6 +888,135 @@ class RaftNode:
         except Exception:
             log.exception("raft flush failed")
             time.sleep(TICK)
+        return wait
+
+    # ------------------------------------------------------------------ a leader's loop ticks
+
+    def _go_home(self) -> None:
+        """Tick thread, now leader: hand the ticks to the event loop (see LOOP_TICKS)."""
+        home = self._home
+        assert home is not None
+        self._on_home = True
+        self._home_ticked_at = time.monotonic()
+        try:
+            home.call_soon_threadsafe(self._loop_tick)
+        except RuntimeError:  # the loop is closed: keep ticking here
+            self._on_home = False
+            self._home = None
+
+    def _watch_home(self) -> None:
+        """Tick thread while the loop ticks: wait, and tick for the loop if it has not for
+        LOOP_WATCHDOG (it is busy elsewhere) so that heartbeats still go out."""
+        self._tick_lock.release()
+        try:
+            self._unpark.wait(LOOP_WATCHDOG)
+        finally:
+            self._tick_lock.acquire()
+        self._unpark.clear()
+        home = self._home
+        if self._on_home and (home is None or not home.is_running()):
+            self._home = None  # that loop ended (the node outlived it): tick here from now on
+            self._leave_home()
+            return
+        if (
+            self._on_home
+            and not self._stopping
+            and self._fatal is None
+            and time.monotonic() - self._home_ticked_at >= LOOP_WATCHDOG
+        ):
+            self.stats["watchdog_ticks"] += 1
+            self._tick(block=False)
+            if self._b._SyncObj__raftState != _LEADER or self._fatal is not None:
+                self._leave_home()
+
+    def _leave_home(self) -> None:
+        """Under _tick_lock: the tick thread ticks again; the loop stops watching."""
+        self._on_home = False
+        self._unpark.set()
+        home = self._home
+        if home is None:
+            return
+        if threading.get_ident() == self._home_ident:
+            self._detach_home()
+        else:
+            with contextlib.suppress(RuntimeError):
+                home.call_soon_threadsafe(self._detach_home)
+
+    def _detach_home(self, close: bool = False) -> None:
+        """Loop thread: stop watching Raft's sockets (whoever decided to); ``close``: and
+        close their epoll set (the node stopped)."""
+        if self._home_timer is not None:
+            self._home_timer.cancel()
+            self._home_timer = None
+        wait = self._wait
+        if self._home_attached and self._home is not None and wait is not None:
+            self._home_attached = False
+            with contextlib.suppress(Exception):
+                self._home.remove_reader(wait.fileno())
+        if close and wait is not None:
+            self._wait = None
+            wait.close()
+
+    def _loop_tick(self) -> None:
+        """Event loop thread, leader: handle Raft's socket events and run a tick, as the tick
+        thread would. Called when any Raft socket has an event, by a timer (heartbeats,
+        elections, rescues) and once on taking over."""
+        home = self._home
+        if not self._on_home or home is None:
+            self._detach_home()
+            return
+        if not self._tick_lock.acquire(blocking=False):
+            # The tick thread is ticking for a busy loop (LOOP_WATCHDOG): never block the loop
+            # on it; stop watching the sockets (they would report the same events again and
+            # again) and look again shortly.
+            self._detach_home()
+            self._home_timer = home.call_later(0.001, self._on_home_timer)
+            return
+        try:
+            nxt = self._loop_tick_locked(home)
+        finally:
+            self._tick_lock.release()
+        if nxt is None:
+            return
+        timer = self._home_timer
+        due = home.time() + nxt
+        if timer is None or timer.when() > due + 0.001:
+            if timer is not None:
+                timer.cancel()
+            self._home_timer = home.call_at(due, self._on_home_timer)
+
+    def _loop_tick_locked(self, home: asyncio.AbstractEventLoop) -> float | None:
+        """``_loop_tick`` under ``_tick_lock``: how long until the next tick is due, or None
+        once the tick thread takes over again."""
+        wait = self._wait
+        if not self._on_home or wait is None:
+            self._detach_home()
+            return None
+        if self._stopping or self._fatal is not None:
+            self._leave_home()  # the tick thread ends the node (as it would have ticked)
+            return None
+        if not self._home_attached:
+            home.add_reader(wait.fileno(), self._loop_tick)
+            self._home_attached = True
+        stats = self.stats
+        stats["max_tick_ms"] = max(
+            stats["max_tick_ms"], int((time.monotonic() - self._home_ticked_at) * 1000)
+        )
+        stats["loop_ticks"] += 1
+        try:
+            self._b._poller.poll(0)  # acks first: this tick commits what they confirm
+        except Exception:
+            log.exception("raft poll failed")
+        nxt = self._tick(block=False)
+        self._home_ticked_at = time.monotonic()
+        if self._stopping or self._fatal is not None or self._b._SyncObj__raftState != _LEADER:
+            self._leave_home()
+            return None
+        return nxt
+
+    def _on_home_timer(self) -> None:
+        self._home_timer = None
+        self._loop_tick()
 
     def _close_notifier(self) -> None:
         n, self._notifier = self._notifier, None
@@ -857,9 +1024,39 @@ class RaftNode:
             for fd in (n._PipeNotifier__pipeR, n._PipeNotifier__pipeW):
                 with contextlib.suppress(OSError):
                     os.close(fd)
+        wait, home = self._wait, self._home
+        if wait is None:
+            return
+        if not self._home_attached or home is None:
+            self._wait = None
+            wait.close()
+        elif threading.get_ident() == self._home_ident:
+            self._detach_home(close=True)
+        else:  # the loop still watches it: it lets go first
+            try:
+                home.call_soon_threadsafe(self._detach_home, True)
+            except RuntimeError:  # closed: nobody watches any more
+                self._wait = None
+                wait.close()
+
+    def _install_wait(self, poller: Any) -> None:
+        """Swap the ``select.poll`` object inside pysyncobj's poller for a ``_Wait``. Only the
+        server socket may be subscribed yet (pysyncobj binds in its constructor), for reads."""
+        callbacks = getattr(poller, "_PollPoller__descrToCallbacks", None)
+        inner = getattr(poller, "_PollPoller__poll", None)
+        if callbacks is None or inner is None:
+            raise RaftError(f"unexpected pysyncobj poller {type(poller).__name__}")
+        wait = _Wait(self)
+        for fd in callbacks:
+            with contextlib.suppress(KeyError, OSError):
+                inner.unregister(fd)
+                os.fstat(fd)
+                wait.register(fd, select.POLLIN | select.POLLERR)
+        poller._PollPoller__poll = self._wait = wait
 
     async def stop(self) -> None:
         self._stopping = True
+        self._unpark.set()
         self._wake()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10.0)
@@ -891,6 +1088,10 @@ class RaftNode:
     # ------------------------------------------------------------------ tick thread
 
     def _wake(self) -> None:
+        home = self._home
+        if self._on_home and home is not None and threading.get_ident() == self._home_ident:
+            home.call_soon(self._loop_tick)  # the ticking loop itself: no pipe needed
+            return
         n = self._notifier
         if n is not None:
             with contextlib.suppress(OSError):  # pipe full: a wake-up is already pending
@@ -950,11 +1151,16 @@ class RaftNode:
             for cb, loop, wanted in self._listeners:
                 if wanted is None or wanted():
                     by_loop.setdefault(loop, ([], []))[1].append(cb)
+        here = threading.get_ident() == self._home_ident
         for loop, work in by_loop.items():
             # One wake-up per loop for a tick's completions and apply listeners, not one per
-            # proposal or entry; a closed loop means nobody is waiting any more.
+            # proposal or entry (none for the loop running this tick); a closed loop means
+            # nobody is waiting any more.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_on_loop, work)
+                if here and loop is self._home:
+                    loop.call_soon(_on_loop, work)
+                else:
+                    loop.call_soon_threadsafe(_on_loop, work)
 
     def _drain(self) -> None:
         while self._calls:
@@ -1001,7 +1207,8 @@ class RaftNode:
             # followers do the same: the leader counts itself at the start of the next tick.
             # From the caller's thread only to followers that have everything before these
             # entries: catching one up (batches up to 8 MB, or the snapshot) would stall the
-            # event loop; the tick thread sends then, once woken.
+            # event loop; the tick thread sends then, once woken (a leader whose loop ticks
+            # sends them there in any case).
             first_new = journal[-1][1] - added + 1
             if not self._send_new(first_new):
                 if sync:
@@ -1381,16 +1588,25 @@ class RaftNode:
             if len(self._queue) >= QUEUE_MAX:
                 raise QueueFull(f"{QUEUE_MAX} proposals already waiting; not applied")
             self._queue.append((data, p))
+        wake = True
         if self._tick_lock.acquire(blocking=False):
-            # The tick thread is waiting for events (or not running): append and send from here.
+            # The tick thread is waiting for events (or not running), or the loop ticks (and
+            # this is the loop): append and send from here.
             try:
                 if not self._closed and self._fatal is None and self._thread is not None:
-                    self._append_queued(sync=False)
+                    # On the ticking loop, sync here too: nobody else would before its next
+                    # tick counts this node's own entries toward commit.
+                    wake = not (self._on_home and threading.get_ident() == self._home_ident)
+                    self._append_queued(sync=not wake)
+            except StorageError as e:  # as on the tick thread: the node stops
+                self._fail(e)
+                wake = True  # the next tick hands back to the tick thread, which ends
             except Exception:  # as on the tick thread: logged; the outcome comes as usual
                 log.exception("raft append failed")
             finally:
                 self._tick_lock.release()
-        self._wake()
+        if wake:
+            self._wake()
         try:
             # (asyncio.timeout, not wait_for + shield: a few loop turns less per proposal. A
             # cancelled caller cancels p.fut, which the tick thread then leaves alone.)
@@ -1419,10 +1635,11 @@ class RaftNode:
         self, cb: Callable[[], None], wanted: Callable[[], bool] | None = None
     ) -> None:
         """Run ``cb()`` on the calling event loop after each tick that applied entries, in the
-        same wake-up as that tick's completions. ``wanted()``, if given, is asked on the tick
-        thread after the entries were applied; when it says no, that loop is not woken for
-        ``cb`` (a follower nobody waits on then never wakes its loop per entry). So a waiter
-        must register before it reads the state it waits on, or it can miss its wake-up."""
+        same wake-up as that tick's completions. ``wanted()``, if given, is asked where the tick
+        ran (the tick thread, or a leader's loop) after the entries were applied; when it says
+        no, that loop is not woken for ``cb`` (a follower nobody waits on then never wakes its
+        loop per entry). So a waiter must register before it reads the state it waits on, or
+        it can miss its wake-up."""
         self._listeners.append((cb, asyncio.get_running_loop(), wanted))
 
     def status(self) -> RaftStatus:
@@ -1563,30 +1780,69 @@ class _Members(set):  # type: ignore[type-arg]
         return set.__or__(self, other)
 
 
-class _UnlockedWait:
-    """Stands in for the ``select.poll`` object inside pysyncobj's poller: the tick thread
-    releases ``_tick_lock`` only while it is blocked waiting for events, never while handling
-    them, so another thread holding the lock never runs alongside pysyncobj code."""
+class _Wait:
+    """Stands in for the ``select.poll`` object inside pysyncobj's ``PollPoller``.
 
-    def __init__(self, inner: Any, node: RaftNode) -> None:
-        self._inner = inner
+    An epoll set, so the event loop can watch all of Raft's sockets through one descriptor
+    (``fileno``) while it runs the leader's ticks (see ``RaftNode._loop_tick``). Every
+    registration is one-shot and re-armed after its event: a socket closed before it is
+    unregistered (pysyncobj closes, then unsubscribes) stays in an epoll set while a forked
+    snapshot writer holds a copy of it, and would otherwise report its last state forever.
+
+    On the tick thread it releases ``_tick_lock`` while blocked waiting, never while events are
+    handled, so another thread holding the lock never runs alongside pysyncobj code."""
+
+    def __init__(self, node: RaftNode) -> None:
         self._node = node
+        self._ep = select.epoll()
+        self._masks: dict[int, int] = {}
 
-    def register(self, fd: Any, mask: int) -> None:
-        self._inner.register(fd, mask)
+    def fileno(self) -> int:
+        return self._ep.fileno()
 
-    def unregister(self, fd: Any) -> None:
-        self._inner.unregister(fd)
+    def close(self) -> None:
+        self._ep.close()
+
+    def register(self, fd: int, mask: int) -> None:
+        # poll and epoll share the event bits on Linux (IN 1, OUT 4, ERR 8, HUP 16).
+        mask |= select.EPOLLONESHOT
+        try:
+            if fd in self._masks:
+                self._ep.modify(fd, mask)
+            else:
+                self._ep.register(fd, mask)
+        except FileNotFoundError:  # the fd number now names another file
+            self._ep.register(fd, mask)
+        except FileExistsError:
+            self._ep.modify(fd, mask)
+        self._masks[fd] = mask
+
+    def unregister(self, fd: int) -> None:
+        if self._masks.pop(fd, None) is None:
+            raise KeyError(fd)  # as select.poll (pysyncobj expects it)
+        with contextlib.suppress(OSError):  # already closed: gone, or disarmed after one event
+            self._ep.unregister(fd)
 
     def poll(self, timeout_ms: float | None = None) -> list[tuple[int, int]]:
         node = self._node
-        if not node._ticking:  # not the tick loop (pysyncobj's own teardown, say)
-            return list(self._inner.poll(timeout_ms))
-        node._tick_lock.release()
-        try:
-            return list(self._inner.poll(timeout_ms))
-        finally:
-            node._tick_lock.acquire()
+        timeout = -1.0 if timeout_ms is None or timeout_ms < 0 else timeout_ms / 1000
+        if not node._ticking or threading.get_ident() != node._tick_ident:
+            events = self._ep.poll(timeout)  # the loop's ticks, pysyncobj's own teardown
+        else:
+            node._tick_lock.release()
+            try:
+                events = self._ep.poll(timeout)
+            finally:
+                node._tick_lock.acquire()
+        ready = []
+        for fd, ev in events:
+            mask = self._masks.get(fd)
+            if mask is None:
+                continue  # a closed socket's last event (see above)
+            with contextlib.suppress(OSError):
+                self._ep.modify(fd, mask)  # re-arm; still level-triggered: unread data stays
+            ready.append((fd, ev))
+        return ready
 
 
 def _bin_header(size: int) -> bytes:
