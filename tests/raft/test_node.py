@@ -773,3 +773,31 @@ def test_a_socket_closed_before_it_is_unregistered_wakes_the_loop_at_most_once()
         a.close()
         b.close()
         w.close()
+
+
+async def test_a_follower_far_behind_is_caught_up_by_the_tick_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catch-up sends (8 MB batches, snapshot chunks) would stall the API's loop: the leader
+    hands its ticks back to the tick thread until the follower is close again."""
+    import raftq.cluster.raft as raft_module
+
+    monkeypatch.setattr(raft_module, "CATCH_UP_ENTRIES", 5)
+    ns = Nodes(tmp_path, 3)
+    try:
+        leader = await _with_topic(ns)
+        await until("the loop to tick", lambda: leader._on_home)
+        lagging = next(nid for nid, n in ns.nodes.items() if n is not leader)
+        await ns.stop(lagging)
+        for i in range(30):
+            await leader.propose([pub("t", b"%d" % i)])
+        assert leader._on_home  # the stopped follower is not connected: not waited for
+        back = ns.start(lagging)
+        await until(
+            "the follower to catch up",
+            lambda: back.status().applied_index >= leader.status().commit_index,
+        )
+        assert leader.stats["catch_up_handbacks"] >= 1
+        await until("the loop to tick again", lambda: leader._on_home)
+    finally:
+        await ns.close()

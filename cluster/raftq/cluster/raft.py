@@ -170,6 +170,9 @@ LOOP_TICKS = True  # a leader runs its Raft ticks on the event loop that started
 # woke the tick thread to sync). One publish at a time, paired runs: see node/PERF.md.
 LOOP_WATCHDOG = 0.05  # ...and the tick thread ticks for a loop that has not for this long
 # (a long handler): heartbeats go out as before, whatever the loop is doing.
+CATCH_UP_ENTRIES = 256  # ...but a follower further behind than this (or needing the snapshot)
+# is caught up by the tick thread: big sends would stall the loop. Quorum sends leave the
+# other follower a heartbeat behind: ~30 entries one publish at a time here.
 QUEUE_MAX = 4096  # proposals waiting for the tick thread (each is a batch); beyond: QueueFull
 PICKLE_PROTOCOL = 4  # a 10 KB append: protocol 2 (pysyncobj's) 124/105 us to dump/load and
 # 15 KB on the wire (bytes become latin-1 text); protocol 4: 3.3/3.8 us and 10 KB.
@@ -603,7 +606,8 @@ class RaftNode:
         self._home: asyncio.AbstractEventLoop | None = None
         self._home_ident = 0
         self._on_home = False
-        self._home_attached = False  # the loop watches _wait (loop thread only)
+        # (loop, epoll fd) while that loop watches _wait (set and cleared on that loop only)
+        self._attached: tuple[asyncio.AbstractEventLoop, int] | None = None
         self._home_timer: asyncio.TimerHandle | None = None
         self._home_ticked_at = 0.0
         self._unpark = threading.Event()
@@ -656,6 +660,7 @@ class RaftNode:
             "rescues": 0,
             "loop_ticks": 0,
             "watchdog_ticks": 0,
+            "catch_up_handbacks": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -850,11 +855,16 @@ class RaftNode:
                     # Longest tick (poll wait included): heartbeats stop while it runs.
                     stats["max_tick_ms"] = max(stats["max_tick_ms"], int((now - last) * 1000))
                     last = now
-                    if self._home is not None and self._b._SyncObj__raftState == _LEADER:
+                    if (
+                        self._home is not None
+                        and self._b._SyncObj__raftState == _LEADER
+                        and not self._catching_up()
+                    ):
                         self._go_home()
             finally:
                 self._ticking = False
-            self._on_home = False
+            if self._on_home:
+                self._leave_home()  # (the loop lets go of the sockets before they close)
             self._closed = True
             try:
                 if self._fatal is None:
@@ -870,7 +880,12 @@ class RaftNode:
     def _tick(self, block: bool = True) -> float:
         """One pysyncobj tick and our flush after it; returns how long the next may wait."""
         wait = TICK
+        journal = self._journal
         try:
+            if journal is not None and journal.dirty:
+                # Appended since the last sync (a proposal from another thread while the loop
+                # ticks): this tick may count the leader's own entries toward commit.
+                self._sync(journal)
             if self._quorum and self._pending:
                 wait = self._rescue()
             self._b.doTick(wait if block else 0.0)
@@ -887,7 +902,8 @@ class RaftNode:
             self._fail(e)
         except Exception:
             log.exception("raft flush failed")
-            time.sleep(TICK)
+            if threading.get_ident() == self._tick_ident:  # never on the event loop
+                time.sleep(TICK)
         return wait
 
     # ------------------------------------------------------------------ a leader's loop ticks
@@ -909,38 +925,64 @@ class RaftNode:
         LOOP_WATCHDOG (it is busy elsewhere) so that heartbeats still go out."""
         self._tick_lock.release()
         try:
-            self._unpark.wait(LOOP_WATCHDOG)
+            # (Looks without the lock: taking it would make the loop's next tick wait.)
+            while not self._unpark.wait(LOOP_WATCHDOG):
+                home = self._home
+                if (
+                    not self._on_home
+                    or self._stopping
+                    or self._fatal is not None
+                    or home is None
+                    or not home.is_running()
+                    or time.monotonic() - self._home_ticked_at >= LOOP_WATCHDOG
+                ):
+                    break
         finally:
             self._tick_lock.acquire()
         self._unpark.clear()
-        home = self._home
-        if self._on_home and (home is None or not home.is_running()):
-            self._home = None  # that loop ended (the node outlived it): tick here from now on
-            self._leave_home()
+        if not self._on_home or self._stopping or self._fatal is not None:
             return
-        if (
-            self._on_home
-            and not self._stopping
-            and self._fatal is None
-            and time.monotonic() - self._home_ticked_at >= LOOP_WATCHDOG
-        ):
+        home = self._home
+        if home is None or not home.is_running():
+            self._leave_home()
+            self._home = None  # that loop ended (the node outlived it): tick here from now on
+            return
+        if time.monotonic() - self._home_ticked_at >= LOOP_WATCHDOG:
             self.stats["watchdog_ticks"] += 1
             self._tick(block=False)
-            if self._b._SyncObj__raftState != _LEADER or self._fatal is not None:
+            if (
+                self._b._SyncObj__raftState != _LEADER
+                or self._fatal is not None
+                or self._catching_up()
+            ):
                 self._leave_home()
+
+    def _catching_up(self) -> bool:
+        """A connected follower lags by more than CATCH_UP_ENTRIES or needs the snapshot: its
+        sends (8 MB batches, snapshot chunks) belong on the tick thread, not the API's loop."""
+        b, journal = self._b, self._journal
+        if journal is None:
+            return False
+        behind = max(journal[0][1], journal[-1][1] - CATCH_UP_ENTRIES)
+        nxt, connected = b._SyncObj__raftNextIndex, b._SyncObj__connectedNodes
+        if any(n in connected and nxt.get(n, 0) <= behind for n in b._SyncObj__otherNodes):
+            if self._on_home:
+                self.stats["catch_up_handbacks"] += 1
+            return True
+        return False
 
     def _leave_home(self) -> None:
         """Under _tick_lock: the tick thread ticks again; the loop stops watching."""
         self._on_home = False
         self._unpark.set()
-        home = self._home
-        if home is None:
+        attached = self._attached
+        if attached is None:
             return
         if threading.get_ident() == self._home_ident:
             self._detach_home()
         else:
-            with contextlib.suppress(RuntimeError):
-                home.call_soon_threadsafe(self._detach_home)
+            with contextlib.suppress(RuntimeError):  # closed: it watches nothing any more
+                attached[0].call_soon_threadsafe(self._detach_home)
 
     def _detach_home(self, close: bool = False) -> None:
         """Loop thread: stop watching Raft's sockets (whoever decided to); ``close``: and
@@ -948,11 +990,11 @@ class RaftNode:
         if self._home_timer is not None:
             self._home_timer.cancel()
             self._home_timer = None
-        wait = self._wait
-        if self._home_attached and self._home is not None and wait is not None:
-            self._home_attached = False
+        attached, self._attached = self._attached, None
+        if attached is not None:
             with contextlib.suppress(Exception):
-                self._home.remove_reader(wait.fileno())
+                attached[0].remove_reader(attached[1])
+        wait = self._wait
         if close and wait is not None:
             self._wait = None
             wait.close()
@@ -995,9 +1037,10 @@ class RaftNode:
         if self._stopping or self._fatal is not None:
             self._leave_home()  # the tick thread ends the node (as it would have ticked)
             return None
-        if not self._home_attached:
-            home.add_reader(wait.fileno(), self._loop_tick)
-            self._home_attached = True
+        if self._attached is None:
+            fd = wait.fileno()
+            home.add_reader(fd, self._loop_tick)
+            self._attached = (home, fd)
         stats = self.stats
         stats["max_tick_ms"] = max(
             stats["max_tick_ms"], int((time.monotonic() - self._home_ticked_at) * 1000)
@@ -1005,11 +1048,19 @@ class RaftNode:
         stats["loop_ticks"] += 1
         try:
             self._b._poller.poll(0)  # acks first: this tick commits what they confirm
+        except StorageError as e:  # (a vote for a newer term not stored: stop, as in a tick)
+            self._fail(e)
         except Exception:
             log.exception("raft poll failed")
-        nxt = self._tick(block=False)
+        nxt = TICK if self._fatal is not None else self._tick(block=False)
+        wait.rearm()  # what is still unread wakes the loop again at once
         self._home_ticked_at = time.monotonic()
-        if self._stopping or self._fatal is not None or self._b._SyncObj__raftState != _LEADER:
+        if (
+            self._stopping
+            or self._fatal is not None
+            or self._b._SyncObj__raftState != _LEADER
+            or self._catching_up()
+        ):
             self._leave_home()
             return None
         return nxt
@@ -1024,17 +1075,17 @@ class RaftNode:
             for fd in (n._PipeNotifier__pipeR, n._PipeNotifier__pipeW):
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        wait, home = self._wait, self._home
+        wait, attached = self._wait, self._attached
         if wait is None:
             return
-        if not self._home_attached or home is None:
+        if attached is None:
             self._wait = None
             wait.close()
         elif threading.get_ident() == self._home_ident:
             self._detach_home(close=True)
         else:  # the loop still watches it: it lets go first
             try:
-                home.call_soon_threadsafe(self._detach_home, True)
+                attached[0].call_soon_threadsafe(self._detach_home, True)
             except RuntimeError:  # closed: nobody watches any more
                 self._wait = None
                 wait.close()
@@ -1784,10 +1835,12 @@ class _Wait:
     """Stands in for the ``select.poll`` object inside pysyncobj's ``PollPoller``.
 
     An epoll set, so the event loop can watch all of Raft's sockets through one descriptor
-    (``fileno``) while it runs the leader's ticks (see ``RaftNode._loop_tick``). Every
-    registration is one-shot and re-armed after its event: a socket closed before it is
-    unregistered (pysyncobj closes, then unsubscribes) stays in an epoll set while a forked
-    snapshot writer holds a copy of it, and would otherwise report its last state forever.
+    (``fileno``) while it runs the leader's ticks (see ``RaftNode._loop_tick``). Registrations
+    are one-shot, re-armed after their events were handled (``rearm``, or the next ``poll``):
+    pysyncobj closes a socket before it unsubscribes it, and while a forked snapshot writer
+    holds a copy the epoll set keeps that registration. Disarmed, it can never report again
+    (armed, it would wake the loop forever, or under a reused fd number disconnect the new
+    socket). Still level-triggered: unread data is reported again once re-armed.
 
     On the tick thread it releases ``_tick_lock`` while blocked waiting, never while events are
     handled, so another thread holding the lock never runs alongside pysyncobj code."""
@@ -1796,6 +1849,7 @@ class _Wait:
         self._node = node
         self._ep = select.epoll()
         self._masks: dict[int, int] = {}
+        self._fired: set[int] = set()  # reported, not re-armed yet
 
     def fileno(self) -> int:
         return self._ep.fileno()
@@ -1816,18 +1870,30 @@ class _Wait:
         except FileExistsError:
             self._ep.modify(fd, mask)
         self._masks[fd] = mask
+        self._fired.discard(fd)
 
     def unregister(self, fd: int) -> None:
+        self._fired.discard(fd)
         if self._masks.pop(fd, None) is None:
             raise KeyError(fd)  # as select.poll (pysyncobj expects it)
-        with contextlib.suppress(OSError):  # already closed: gone, or disarmed after one event
+        with contextlib.suppress(OSError):  # already closed: gone, or disarmed for good
             self._ep.unregister(fd)
+
+    def rearm(self) -> None:
+        """Re-arm what was reported and is still registered (closed sockets are not)."""
+        fired, self._fired = self._fired, set()
+        for fd in fired:
+            mask = self._masks.get(fd)
+            if mask is not None:
+                with contextlib.suppress(OSError):
+                    self._ep.modify(fd, mask)
 
     def poll(self, timeout_ms: float | None = None) -> list[tuple[int, int]]:
         node = self._node
+        self.rearm()
         timeout = -1.0 if timeout_ms is None or timeout_ms < 0 else timeout_ms / 1000
-        if not node._ticking or threading.get_ident() != node._tick_ident:
-            events = self._ep.poll(timeout)  # the loop's ticks, pysyncobj's own teardown
+        if timeout == 0 or not node._ticking or threading.get_ident() != node._tick_ident:
+            events = self._ep.poll(timeout)  # no wait, the loop's ticks, pysyncobj's teardown
         else:
             node._tick_lock.release()
             try:
@@ -1836,12 +1902,9 @@ class _Wait:
                 node._tick_lock.acquire()
         ready = []
         for fd, ev in events:
-            mask = self._masks.get(fd)
-            if mask is None:
-                continue  # a closed socket's last event (see above)
-            with contextlib.suppress(OSError):
-                self._ep.modify(fd, mask)  # re-arm; still level-triggered: unread data stays
-            ready.append((fd, ev))
+            if fd in self._masks:  # (else: a closed socket's last event, see above)
+                self._fired.add(fd)
+                ready.append((fd, ev))
         return ready
 
 
