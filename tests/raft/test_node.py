@@ -721,7 +721,12 @@ async def test_a_leader_ticks_on_its_loop_and_hands_back_when_it_steps_down(
     await until("the loop to tick", lambda: leader._on_home and leader.stats["loop_ticks"])
     me = threading.get_ident()
     applied_on: list[int] = []
-    leader.add_apply_listener(lambda: None, lambda: bool(applied_on.append(threading.get_ident())))
+
+    def wanted() -> bool:
+        applied_on.append(threading.get_ident())
+        return False
+
+    leader.add_apply_listener(lambda: None, wanted)
     await leader.propose([{"op": "create_topic", "topic": "t"}])
     assert applied_on and set(applied_on) == {me}  # committed and applied on this loop
     assert await leader.transfer_leadership(5.0)
@@ -751,7 +756,7 @@ async def test_a_blocked_loop_does_not_cost_the_leader_its_leadership(three: Nod
 def test_a_socket_closed_before_it_is_unregistered_wakes_the_loop_at_most_once() -> None:
     """pysyncobj closes a socket, then unsubscribes it. While a forked snapshot writer holds a
     copy, an epoll set keeps the registration: one-shot registrations report it once."""
-    w = _Wait(SimpleNamespace(_ticking=False, _tick_ident=0))
+    w = _Wait(SimpleNamespace(_ticking=False, _tick_ident=0))  # type: ignore[arg-type]
     a, b = socket.socketpair()
     try:
         w.register(a.fileno(), select.POLLIN | select.POLLERR)
