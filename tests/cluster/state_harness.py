@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from raftq.cluster.state import Broker
+from raftq.cluster.state import Broker, _age_due
 
 T0 = 1_700_000_000_000  # ms
 
@@ -77,6 +77,12 @@ def check_invariants(b: Broker) -> None:
         assert t.count == len(live) and t.bytes == sum(len(m[0]) for m in live)
         held = [k for exp, _, keys in t.dedup_heap for k in keys if exp > b.now]
         assert sorted(held) == sorted(t.dedup), "each key held is in exactly one live entry"
+        # what expires next is in the expiry indexes, no later than it is due
+        if t.dedup_heap:
+            assert b._dedup_expiry.at[t.name] <= t.dedup_heap[0][0], t.name
+        age_due = _age_due(t)
+        if age_due is not None:
+            assert b._aging.at[t.name] <= age_due, t.name
 
         def unsettled(g: Any, seq: int, t: Any = t) -> bool:
             fresh = seq >= g.cursor and seq not in g.skip
@@ -114,3 +120,6 @@ def check_invariants(b: Broker) -> None:
                 assert seqs and all(g.inflight[s][0] == consumer for s in seqs)
                 consumers.setdefault(consumer, set()).add((t.name, g.name))
     assert {c: set(p) for c, p in b._consumers.items()} == consumers
+    assert set(b._aging.at) <= set(b.topics) and set(b._dedup_expiry.at) <= set(b.topics)
+    for index in (b._aging, b._dedup_expiry):
+        assert all((due, name) in index.heap for name, due in index.at.items())

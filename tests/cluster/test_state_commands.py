@@ -1221,3 +1221,55 @@ def test_earliest_group_on_a_topic_without_groups_gets_everything_retained(h: Ha
     assert h.b.topic_stats("t")["messages"] == 2
     h("ack", receipts=[x["receipt"] for x in h.receive(group="f")])
     assert h.b.topic_stats("t")["messages"] == 0
+
+
+def test_next_due_of_retention_follows_the_oldest_message_left(h: Harness) -> None:
+    h.topic("t", max_age=10)
+    h.publish("t", b"a")
+    first = h.now
+    h.advance(4)
+    h.publish("t", b"b")
+    assert h.b.next_due() == first + 10_000
+    (d, _) = h.receive()
+    h("ack", receipts=[d["receipt"]])  # "a" leaves: "b" is the oldest now
+    assert h.b.next_due() == first + 14_000
+    h("purge", topic="t")
+    assert h.b.next_due() is None
+
+
+def test_a_shortened_max_age_expires_at_the_next_command(h: Harness) -> None:
+    h.topic("t", max_age=600)
+    h.topic("other")
+    h.publish("t", b"a")
+    h.advance(10)
+    h("update_topic", topic="t", config={"max_age": 5})
+    h.publish("other", b"x")  # any command: the expiry does not wait for one on "t"
+    assert h.b.topic_stats("t")["expired_total"] == 1
+
+
+def test_commands_check_only_the_topics_whose_expiry_is_due(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked: list[str] = []
+    for cls_fn in ("_expire_messages", "_expire_keys"):
+        orig = getattr(Broker, cls_fn)
+
+        def spy(self: Broker, t: Any, now: int, orig: Any = orig) -> None:
+            checked.append(t.name)
+            orig(self, t, now)
+
+        monkeypatch.setattr(Broker, cls_fn, spy)
+    h.check = False
+    for i in range(300):
+        h.topic(f"t{i}", max_age=60, dedup_window=30)
+        h("publish", topic=f"t{i}", messages=[{"payload": b"x", "key": "k"}])
+    for _ in range(100):
+        h.advance(0.1)
+        h.publish("t0", b"y")
+    assert checked == []
+    h.advance(30)
+    h("tick")
+    assert len(checked) == 300  # the keys
+    h.advance(30)
+    h("tick")
+    assert len(checked) == 600 and h.b.topic_stats("t7")["expired_total"] == 1

@@ -21,7 +21,9 @@ on (its creation point). A group created with ``start=earliest`` instead *pins* 
 messages (``Topic.pinned``): creating it costs O(1), and a message leaves when its refs reach zero
 and no pinning group still needs it, or through retention, overflow, purge or redrive. Deadlines
 and delays sit in two global heaps with lazy deletion, so expiry costs O(expired * log n) and no
-command scans all messages.
+command scans all messages. Retention (``max_age``) and dedup-key expiry are per topic; two
+``_Expiry`` heaps hold a lower bound of each topic's next such time, so no command scans all
+topics either.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgpack
@@ -233,6 +235,69 @@ def _pop_due(
     return out
 
 
+class _Expiry:
+    """When something in a topic may next expire, for every topic where it can: a heap of
+    ``(due, topic)`` with lazy deletion and ``at[topic]``, the live entry's due. The due is a
+    lower bound (taking messages out only makes the real one later), so checking a topic when
+    its entry fires finds everything there is to find; the caller then notes the real next due.
+    Not part of the state: rebuilt on restore, and its layout never changes an outcome."""
+
+    __slots__ = ("at", "heap")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[int, str]] = []
+        self.at: dict[str, int] = {}
+
+    def note(self, name: str, due: int | None) -> None:
+        """Something in topic ``name`` may expire at ``due``: lower the bound to it."""
+        if due is not None:
+            cur = self.at.get(name)
+            if cur is None or due < cur:
+                self.at[name] = due
+                heapq.heappush(self.heap, (due, name))
+
+    def forget(self, name: str) -> None:
+        self.at.pop(name, None)
+
+    def pop_due(self, now: int) -> list[str]:
+        """Take out and return, sorted, the topics whose bound is due at ``now``."""
+        heap, at = self.heap, self.at
+        out: list[str] = []
+        while heap and heap[0][0] <= now:
+            due, name = heapq.heappop(heap)
+            if at.get(name) == due:
+                del at[name]
+                out.append(name)
+        out.sort()
+        return out
+
+    def first(self, real: Callable[[str], int | None]) -> int | None:
+        """The earliest real due: bounds at the top are replaced by ``real(topic)`` until the
+        top is exact (each replacement moves a bound later, so this is amortised O(log n))."""
+        heap, at = self.heap, self.at
+        while heap:
+            due, name = heap[0]
+            if at.get(name) != due:
+                heapq.heappop(heap)
+                continue
+            actual = real(name)
+            if actual == due:
+                return due
+            heapq.heappop(heap)
+            del at[name]
+            self.note(name, actual)
+        return None
+
+
+def _age_due(t: Topic) -> int | None:
+    """When the oldest retained message of ``t`` outlives ``max_age``, if it has both."""
+    max_age = t.config["max_age"]
+    if max_age is None or not t.count:
+        return None
+    m = t.get(t.oldest_seq())
+    return None if m is None else m[1] + round(max_age * 1000)
+
+
 def _now(now: Any) -> int:
     if isinstance(now, bool) or not isinstance(now, int) or not 0 <= now <= v.MAX_INT:
         raise InvalidArgument("command needs an integer 'now' in ms", field="now")
@@ -273,6 +338,8 @@ class Broker:
         self._deadlines: list[tuple[int, str, str, tuple[int, ...]]] = []
         self._deadlines_limit = COMPACT_SLACK
         self._delays: list[tuple[int, str, str, tuple[int, ...]]] = []
+        self._aging = _Expiry()  # topics with max_age and messages
+        self._dedup_expiry = _Expiry()  # topics holding idempotency keys
         # consumer -> {(topic, group): None}, to release a consumer's deliveries at once.
         self._consumers: dict[str, dict[tuple[str, str], None]] = {}
         self.applied_commands = 0
@@ -343,9 +410,17 @@ class Broker:
                 if g is not None and g.delayed.get(seq) == due:
                     del g.delayed[seq]
                     g.ready.append(seq)
-        for t in self.topics.values():
-            if t.dedup_heap or t.config["max_age"] is not None:
-                self._expire(t, now)
+        topics = self.topics
+        if self._dedup_expiry.heap and self._dedup_expiry.heap[0][0] <= now:
+            for name in self._dedup_expiry.pop_due(now):
+                t = topics.get(name)
+                if t is not None:
+                    self._expire_keys(t, now)
+        if self._aging.heap and self._aging.heap[0][0] <= now:
+            for name in self._aging.pop_due(now):
+                t = topics.get(name)
+                if t is not None:
+                    self._expire_messages(t, now)
 
     def _live(self, item: tuple[int, str, str, tuple[int, ...]], deadline: bool) -> bool:
         when, tname, gname, seqs = item
@@ -360,11 +435,15 @@ class Broker:
             return any((e := inflight.get(s)) is not None and e[2] == when for s in seqs)
         return any(g.delayed.get(s) == when for s in seqs)
 
-    def _expire(self, t: Topic, now: int) -> None:
+    def _expire_keys(self, t: Topic, now: int) -> None:
         q, dedup = t.dedup_heap, t.dedup
         while q and q[0][0] <= now:
             for key in heapq.heappop(q)[2]:  # each key held belongs to exactly one entry
                 del dedup[key]
+        if q:
+            self._dedup_expiry.note(t.name, q[0][0])
+
+    def _expire_messages(self, t: Topic, now: int) -> None:
         max_age = t.config["max_age"]
         if max_age is not None and t.count:
             limit = now - round(max_age * 1000)
@@ -375,6 +454,7 @@ class Broker:
                     break
                 t.counters["expired"] += 1
                 self._remove(t, seq)
+        self._aging.note(t.name, _age_due(t))
 
     def next_due(self) -> int | None:
         """Earliest time (ms) at which a tick would change something; a hint for the leader.
@@ -392,11 +472,10 @@ class Broker:
             heapq.heappop(dq)
         if dq:
             cands.append(dq[0][0])
-        for t in self.topics.values():
-            if t.config["max_age"] is not None and t.count:
-                m = t.get(t.oldest_seq())
-                if m is not None:
-                    cands.append(m[1] + round(t.config["max_age"] * 1000))
+        topics = self.topics
+        aged = self._aging.first(lambda name: _age_due(topics[name]))
+        if aged is not None:
+            cands.append(aged)
         return min(cands) if cands else None
 
     # ------------------------------------------------------------------ topics and groups
@@ -447,6 +526,7 @@ class Broker:
     def _op_update_topic(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
         t = self._topic(cmd)
         t.config = v.topic_config(_config(cmd), t.config)
+        self._aging.note(t.name, _age_due(t))  # a shorter max_age: due earlier
         return {"topic": t.name, "config": dict(t.config)}
 
     def _op_delete_topic(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -454,6 +534,8 @@ class Broker:
         for g in t.groups.values():
             self._forget_consumers(t, g)
         del self.topics[t.name]
+        self._aging.forget(t.name)
+        self._dedup_expiry.forget(t.name)
         return {"topic": t.name, "deleted": True}
 
     def _op_create_group(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -619,6 +701,7 @@ class Broker:
                     heapq.heappush(self._delays, (due, t.name, g.name, (seq,)))
         if keys:
             heapq.heappush(t.dedup_heap, (now + window, dedup[keys[0]], keys))
+            self._dedup_expiry.note(t.name, now + window)
         for g in groups:
             g.fresh += n_fresh
         t.count += n
@@ -627,6 +710,8 @@ class Broker:
         t.counters["duplicates"] += len(results) - n
         if over:
             self._enforce_limits(t)
+        if cfg["max_age"] is not None:
+            self._aging.note(t.name, _age_due(t))
         return {"topic": t.name, "messages": results}
 
     def _enforce_limits(self, t: Topic) -> None:
@@ -999,6 +1084,8 @@ class Broker:
         d.counters["published"] += 1
         if d.config["overflow"] == "drop_oldest":
             self._enforce_limits(d)
+        if d.config["max_age"] is not None:
+            self._aging.note(d.name, _age_due(d))
         del seq
 
     # ------------------------------------------------------------------ admin
@@ -1085,6 +1172,8 @@ class Broker:
                 g.skip.add(seq)
             else:
                 g.fresh += 1
+        if t.config["max_age"] is not None:
+            self._aging.note(t.name, _age_due(t))
 
     # ------------------------------------------------------------------ queries (read-only)
 
@@ -1268,6 +1357,9 @@ class Broker:
             oldest = t.oldest_seq()
             t.pinned = [g for g in t.groups.values() if g.pin > oldest]
             self.topics[name] = t
+            self._aging.note(name, _age_due(t))
+            if t.dedup_heap:
+                self._dedup_expiry.note(name, t.dedup_heap[0][0])
         heapq.heapify(self._deadlines)
         heapq.heapify(self._delays)
         self._deadlines_limit = 2 * len(self._deadlines) + COMPACT_SLACK
