@@ -806,3 +806,87 @@ async def test_a_follower_far_behind_is_caught_up_by_the_tick_thread(
         await until("the loop to tick again", lambda: leader._on_home)
     finally:
         await ns.close()
+
+
+def _cut_off(ns: Nodes, nid: str, deaf_to: str | None = None) -> Callable[[], None]:
+    """Drop Raft messages where they are received, to and from ``nid`` (or, with ``deaf_to``,
+    only those from that node to ``nid``): the connections stay up and silent, as in a
+    partition that TCP has not noticed yet. Returns the heal."""
+    away = ns.addrs[nid][0]
+    deaf = None if deaf_to is None else ns.addrs[deaf_to][0]
+    undo = []
+    for k, node in ns.nodes.items():
+        transport = node._b._SyncObj__transport
+        orig = transport._onMessageReceivedCallback
+
+        def keep(peer: Any, message: Any, orig: Any = orig, here: bool = k == nid) -> None:
+            if here:
+                if deaf is not None and peer.id != deaf:
+                    orig(peer, message)
+            elif deaf is not None or peer.id != away:
+                orig(peer, message)
+
+        transport.setOnMessageReceivedCallback(keep)
+        undo.append((transport, orig))
+
+    def heal() -> None:
+        for transport, orig in undo:
+            transport.setOnMessageReceivedCallback(orig)
+
+    return heal
+
+
+@pytest.mark.parametrize(
+    ("pre_vote", "one_way"), [(True, False), (False, False), (True, True), (False, True)]
+)
+async def test_a_node_cut_off_and_back_leaves_the_leader_in_place(
+    tmp_path: Path, pre_vote: bool, one_way: bool
+) -> None:
+    # Cut off entirely, or deaf to the leader only (it still hears the other follower, which
+    # has a live leader and must refuse it).
+    ns = Nodes(tmp_path, 3)
+    try:
+        for nid in ns.addrs:
+            ns.start(nid, pre_vote=pre_vote)
+        leader = await ns.leader()
+        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        term = leader.status().term
+        away = next(n for n in ns.nodes.values() if n is not leader)
+        heal = _cut_off(ns, away.config.node_id, leader.config.node_id if one_way else None)
+        try:
+            # it times out 1-2 s after the last heartbeat and keeps trying
+            if pre_vote:
+                await until("two lost pre-votes", lambda: away.stats["pre_votes_lost"] >= 2)
+                await leader.propose([pub("t", b"while away")])
+            else:
+                await until("a term raised while away", lambda: away.status().term > term)
+        finally:
+            heal()
+        if not pre_vote:  # what pre-vote prevents
+            await until("the leader deposed", lambda: leader.status().term > term)
+            return
+        index = leader.status().commit_index
+        await until("the node back", lambda: away.status().applied_index >= index)
+        assert leader.is_leader() and leader.status().term == term
+        assert away.status().term == term
+        if one_way:
+            assert sum(n.stats["pre_votes_refused"] for n in ns.nodes.values()) >= 2
+    finally:
+        await ns.close()
+
+
+async def test_pre_vote_counts_a_peer_of_an_older_version_as_granting(tmp_path: Path) -> None:
+    # n2 runs without pre-vote (as a version before it: no hello, no answers) and never stands
+    # itself, n3 is down: n1 must win with n2's vote alone.
+    ns = Nodes(tmp_path, 3)
+    try:
+        ns.start("n1")
+        old = RaftNode(ns.config("n2"), pre_vote=False)
+        old._election_timeout = lambda: 100.0  # type: ignore[method-assign]
+        old.start()
+        ns.nodes["n2"] = old
+        leader = await ns.leader()
+        assert leader is ns.nodes["n1"] and leader.stats["pre_votes_won"] >= 1
+        await leader.propose([{"op": "create_topic", "topic": "t"}])
+    finally:
+        await ns.close()

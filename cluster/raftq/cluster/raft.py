@@ -31,7 +31,10 @@ What it changes in pysyncobj 0.3.17, through its extension points only:
   ``RESCUE_AFTER`` (pysyncobj sent every entry to every follower at the next heartbeat);
 * commit index: a follower's advances only on an append whose log check passed (pysyncobj also
   took the leader's on snapshot messages, over an unchecked log); a ``CommitMark`` lets a
-  restarted node apply its journal before it hears from a leader.
+  restarted node apply its journal before it hears from a leader;
+* elections: pre-vote (``_hold_election``): a node stands (term + 1) only once a majority
+  said it would vote for it, and a node with a live leader says no, so a node cut off and
+  back does not depose the leader (pysyncobj steps down on any higher term it is sent).
 
 Threads: pysyncobj code runs only under ``_tick_lock``. A follower's runs on the tick thread,
 which holds the lock except while it waits for events; a proposal made while it waits is
@@ -173,6 +176,16 @@ LOOP_WATCHDOG = 0.05  # ...and the tick thread ticks for a loop that has not for
 CATCH_UP_ENTRIES = 256  # ...but a follower further behind than this (or needing the snapshot)
 # is caught up by the tick thread: big sends would stall the loop. Quorum sends leave the
 # other follower a heartbeat behind: ~30 entries one publish at a time here.
+PRE_VOTE = True  # before standing for election (term + 1), ask the others whether they would
+# vote (Raft thesis 9.6): a node cut off from the leader no longer raises its term while it is
+# away and deposes the healthy leader when it comes back (pysyncobj steps down on any higher
+# term in a vote request; the cluster then waited out an election timeout).
+PRE_VOTE_WAIT = 0.2  # a pre-vote round not won within this is lost: ask again after a timeout
+LEADER_FRESH = 0.5  # a node that heard a leader this recently (10 heartbeats) refuses pre-votes,
+# unless its connection to that leader dropped (a killed leader: fast elections stay fast)
+HELLO_GRACE = 0.2  # a newly connected peer says within this that it takes part in pre-votes;
+# one that does not runs an older version and votes as before: it counts as granting
+_HELLO, _PRE_VOTE, _PRE_VOTE_REPLY = "raftq_hello", "raftq_pre_vote", "raftq_pre_vote_reply"
 QUEUE_MAX = 4096  # proposals waiting for the tick thread (each is a batch); beyond: QueueFull
 PICKLE_PROTOCOL = 4  # a 10 KB append: protocol 2 (pysyncobj's) 124/105 us to dump/load and
 # 15 KB on the wire (bytes become latin-1 text); protocol 4: 3.3/3.8 us and 10 KB.
@@ -572,6 +585,7 @@ class RaftNode:
         socket_buffer: int = SOCKET_BUFFER,
         quorum_sends: bool = QUORUM_SENDS,
         loop_ticks: bool = LOOP_TICKS,
+        pre_vote: bool = PRE_VOTE,
     ) -> None:
         if config.fsync not in ("always", "never"):
             raise ValueError(f"fsync must be 'always' or 'never', not {config.fsync!r}")
@@ -632,6 +646,14 @@ class RaftNode:
         # / only in heartbeats (see FAST_ELECTION_SPLIT)
         self._send_pending = False  # appended off the tick thread, to be sent by it
         self._orig_disconnected: Any = None
+        self._orig_connected: Any = None
+        # Pre-vote (see _hold_election); times on pysyncobj's clock.
+        self._pre_vote = pre_vote
+        self._pre_voters: set[str] = set()  # peers that said they take part (raftq_hello)
+        self._connected_at: dict[str, float] = {}
+        self._heard_leader_at = -LEADER_FRESH
+        self._round: tuple[int, float, set[str]] | None = None  # (term, until, peers granting)
+        self._won_term = 0  # pysyncobj may stand for this term
         self._thread: threading.Thread | None = None
         self._b: Any = None
         self._journal: Journal | None = None
@@ -661,6 +683,10 @@ class RaftNode:
             "loop_ticks": 0,
             "watchdog_ticks": 0,
             "catch_up_handbacks": 0,
+            "pre_votes": 0,
+            "pre_votes_won": 0,
+            "pre_votes_lost": 0,
+            "pre_votes_refused": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -735,6 +761,8 @@ class RaftNode:
         transport.setOnMessageReceivedCallback(self._on_message)
         self._orig_disconnected = transport._onNodeDisconnectedCallback
         transport.setOnNodeDisconnectedCallback(self._on_disconnected)
+        self._orig_connected = transport._onNodeConnectedCallback
+        transport.setOnNodeConnectedCallback(self._on_connected)
         self._install_wait(b._poller)
         self._notifier = PipeNotifier(b._poller)
         if self._snaps.exists():
@@ -888,6 +916,8 @@ class RaftNode:
                 self._sync(journal)
             if self._quorum and self._pending:
                 wait = self._rescue()
+            if self._pre_vote:
+                self._hold_election()
             self._b.doTick(wait if block else 0.0)
         except StorageError as e:
             self._fail(e)
@@ -1405,7 +1435,7 @@ class RaftNode:
             b._SyncObj__raftState == _LEADER or monotonic() > self._leader_lost_until
         ):
             self._leader_lost = False  # won, or the loss is old: a one-way link to a live
-            # leader must not depose it every 0.15-0.5 s (pysyncobj has no pre-vote)
+            # leader must not depose it every 0.15-0.5 s
         if self._leader_lost:
             lo, hi = FAST_ELECTION_MIN, FAST_ELECTION_MAX
             recent = time.monotonic() - QUORUM_RECENT
@@ -1430,9 +1460,123 @@ class RaftNode:
             deadline = monotonic() + self._election_timeout()
             b._SyncObj__raftElectionDeadline = min(b._SyncObj__raftElectionDeadline, deadline)
 
+    def _on_connected(self, node: Any) -> None:
+        self._orig_connected(node)
+        if self._pre_vote:
+            self._connected_at[node.id] = monotonic()
+            self._send(node, {"type": _HELLO})  # (pysyncobj ignores a type it does not know)
+
+    # ------------------------------------------------------------------ pre-vote
+
+    def _hold_election(self) -> None:
+        """Before each tick: pysyncobj stands for election (term + 1) in the tick where its
+        deadline has passed. Unless a pre-vote for that term was won (or the leader asked us
+        to stand: a transfer), hold the deadline and ask the others whether they would vote
+        for us; a majority of yes sets the deadline to now, no majority within PRE_VOTE_WAIT
+        starts a new election timeout. Our term does not change until then."""
+        b = self._b
+        if b._SyncObj__raftState == _LEADER or b._SyncObj__selfNode is None:
+            return
+        now = monotonic()
+        if b._SyncObj__raftElectionDeadline > now + 0.005:  # (the tick checks a little later)
+            return
+        term = b._SyncObj__raftCurrentTerm + 1
+        if self._won_term == term or b._SyncObj__transferInProgress:
+            return
+        if not b._SyncObj__connectedToAnyone():
+            return  # pysyncobj does not stand either
+        r = self._round
+        if r is not None and r[0] == term:
+            if now < r[1]:
+                b._SyncObj__raftElectionDeadline = r[1]
+                return
+            self._round = None
+            self.stats["pre_votes_lost"] += 1
+            b._SyncObj__raftElectionDeadline = now + b._SyncObj__generateRaftTimeout()
+            return
+        connected = b._SyncObj__connectedNodes
+        unsure = [
+            self._connected_at.get(n.id, now) + HELLO_GRACE
+            for n in b._SyncObj__otherNodes
+            if n in connected and n.id not in self._pre_voters
+        ]
+        if unsure and max(unsure) > now:
+            b._SyncObj__raftElectionDeadline = max(unsure)  # let them say hello first
+            return
+        self._round = (term, now + PRE_VOTE_WAIT, set())
+        self.stats["pre_votes"] += 1
+        b._SyncObj__raftElectionDeadline = now + PRE_VOTE_WAIT
+        ask = {
+            "type": _PRE_VOTE,
+            "term": term,
+            "last_log_index": b._SyncObj__getCurrentLogIndex(),
+            "last_log_term": b._SyncObj__getCurrentLogTerm(),
+        }
+        for n in b._SyncObj__otherNodes:
+            if n in connected:
+                self._send(n, ask)
+        self._count_round()
+
+    def _count_round(self) -> None:
+        r = self._round
+        if r is None:
+            return
+        b = self._b
+        others = b._SyncObj__otherNodes
+        connected = b._SyncObj__connectedNodes
+        votes = 1 + len(r[2])
+        for n in others:
+            if n in connected and n.id not in self._pre_voters:
+                votes += 1  # an older version: knows no pre-vote and votes as it always did
+        if 2 * votes > len(others) + 1:
+            self._won_term = r[0]
+            self._round = None
+            self.stats["pre_votes_won"] += 1
+            b._SyncObj__raftElectionDeadline = 0.0  # stand in the next tick
+
+    def _on_pre_vote_message(self, node: Any, kind: str, m: dict[str, Any]) -> None:
+        self._pre_voters.add(node.id)
+        if kind == _PRE_VOTE:
+            granted = self._would_vote(m)
+            if not granted:
+                self.stats["pre_votes_refused"] += 1
+            self._send(node, {"type": _PRE_VOTE_REPLY, "term": m.get("term"), "granted": granted})
+        elif kind == _PRE_VOTE_REPLY:
+            r = self._round
+            if r is not None and m.get("granted") is True and m.get("term") == r[0]:
+                r[2].add(node.id)
+                self._count_round()
+
+    def _would_vote(self, m: dict[str, Any]) -> bool:
+        """Would we vote for this candidate in the term it names? As pysyncobj decides a vote
+        (a newer term, a log at least as up to date), and only if we know of no live leader:
+        not leading ourselves, nor a follower that heard one within LEADER_FRESH and still has
+        its connection."""
+        b = self._b
+        term, idx, last_term = m.get("term"), m.get("last_log_index"), m.get("last_log_term")
+        if not (type(term) is int and type(idx) is int and type(last_term) is int):
+            return False
+        if b._SyncObj__raftState == _LEADER or term <= b._SyncObj__raftCurrentTerm:
+            return False
+        if (
+            b._SyncObj__raftLeader is not None
+            and not self._leader_lost
+            and monotonic() - self._heard_leader_at < LEADER_FRESH
+        ):
+            return False
+        ours = (b._SyncObj__getCurrentLogTerm(), b._SyncObj__getCurrentLogIndex())
+        return (last_term, idx) >= ours
+
     def _on_message(self, node: Any, message: Any) -> None:
         b = self._b
+        if self._pre_vote and isinstance(message, dict):
+            kind = message.get("type")
+            if kind in (_HELLO, _PRE_VOTE, _PRE_VOTE_REPLY):
+                self._on_pre_vote_message(node, kind, message)
+                return
         if isinstance(message, dict) and message.get("type") == "append_entries":
+            if message.get("term", -1) >= b._SyncObj__raftCurrentTerm:
+                self._heard_leader_at = monotonic()
             if "prevLogIdx" not in message and "commit_index" in message:
                 # A snapshot chunk (or "none yet") checks nothing of our log, yet pysyncobj
                 # raised our commit index to the leader's over whatever our log holds: an
