@@ -183,8 +183,9 @@ PRE_VOTE = True  # before standing for election (term + 1), ask the others wheth
 PRE_VOTE_WAIT = 0.2  # a pre-vote round not won within this is lost: ask again after a timeout
 LEADER_FRESH = 0.5  # a node that heard a leader this recently (10 heartbeats) refuses pre-votes,
 # unless its connection to that leader dropped (a killed leader: fast elections stay fast)
-HELLO_GRACE = 0.2  # a newly connected peer says within this that it takes part in pre-votes;
+HELLO_GRACE = 1.0  # a newly connected peer says within this that it takes part in pre-votes;
 # one that does not runs an older version and votes as before: it counts as granting
+PRE_VOTE_WARN_EVERY = 30.0  # seconds between warnings about pre-votes lost
 _HELLO, _PRE_VOTE, _PRE_VOTE_REPLY = "raftq_hello", "raftq_pre_vote", "raftq_pre_vote_reply"
 QUEUE_MAX = 4096  # proposals waiting for the tick thread (each is a batch); beyond: QueueFull
 PICKLE_PROTOCOL = 4  # a 10 KB append: protocol 2 (pysyncobj's) 124/105 us to dump/load and
@@ -563,6 +564,10 @@ class _Binding(SyncObj):  # type: ignore[misc]
     def _SyncObj__generateRaftTimeout(self) -> float:  # pysyncobj calls it by this name
         return self._rq._election_timeout()
 
+    def _SyncObj__connectedToAnyone(self) -> bool:
+        # pysyncobj asks this only right before it stands for election: the pre-vote gate
+        return bool(super()._SyncObj__connectedToAnyone()) and self._rq._may_stand()
+
     def _checkCommandsToApply(self) -> None:
         super()._checkCommandsToApply()  # membership changes (pysyncobj's own queue)
         self._rq._drain()
@@ -652,8 +657,11 @@ class RaftNode:
         self._pre_voters: set[str] = set()  # peers that said they take part (raftq_hello)
         self._connected_at: dict[str, float] = {}
         self._heard_leader_at = -LEADER_FRESH
+        self._hello_due: set[Any] = set()  # connected peers not yet greeted
         self._round: tuple[int, float, set[str]] | None = None  # (term, until, peers granting)
-        self._won_term = 0  # pysyncobj may stand for this term
+        self._won: tuple[int, float] | None = None  # pysyncobj may stand for (term, until)
+        self._ahead_term = -1  # our term while a leader of an older one is heard (see _may_stand)
+        self._pre_vote_warned = -PRE_VOTE_WARN_EVERY
         self._thread: threading.Thread | None = None
         self._b: Any = None
         self._journal: Journal | None = None
@@ -1452,6 +1460,8 @@ class RaftNode:
         If the leader is alive and only this link broke, the election may move leadership
         here: a short disruption, which the timeout would cause a little later anyway."""
         self._orig_disconnected(node)
+        self._hello_due.discard(node)
+        self._pre_voters.discard(node.id)  # the next connection may be another version
         b = self._b
         if node == b._SyncObj__raftLeader and b._SyncObj__raftState != _LEADER:
             self._leader_lost = True
@@ -1464,40 +1474,62 @@ class RaftNode:
         self._orig_connected(node)
         if self._pre_vote:
             self._connected_at[node.id] = monotonic()
-            self._send(node, {"type": _HELLO})  # (pysyncobj ignores a type it does not know)
+            self._hello_due.add(node)
+            self._greet()
+
+    def _greet(self) -> None:
+        """Tell newly connected peers that we take part in pre-votes (pysyncobj ignores a type
+        it does not know). Retried each tick: without a secret, pysyncobj reports an outgoing
+        connection before it can carry messages."""
+        for node in list(self._hello_due):
+            if self._send(node, {"type": _HELLO}):
+                self._hello_due.discard(node)
 
     # ------------------------------------------------------------------ pre-vote
 
+    def _may_stand(self) -> bool:
+        """May pysyncobj stand for election now (term + 1)? With pre-vote only once it was won
+        (PRE_VOTE_WAIT ago at most), when the leader asked us to (a transfer), or when a leader
+        of an older term is alive: our term is ahead of it, which pysyncobj never tells it, so
+        only a higher term in a vote request brings the terms together (one election)."""
+        b = self._b
+        if not self._pre_vote or b._SyncObj__transferInProgress:
+            return True
+        term = b._SyncObj__raftCurrentTerm
+        if self._ahead_term == term:
+            return True
+        won = self._won
+        return won is not None and won[0] == term + 1 and monotonic() < won[1]
+
     def _hold_election(self) -> None:
-        """Before each tick: pysyncobj stands for election (term + 1) in the tick where its
-        deadline has passed. Unless a pre-vote for that term was won (or the leader asked us
-        to stand: a transfer), hold the deadline and ask the others whether they would vote
-        for us; a majority of yes sets the deadline to now, no majority within PRE_VOTE_WAIT
-        starts a new election timeout. Our term does not change until then."""
+        """Before each tick. pysyncobj stands for election (term + 1) in the tick where its
+        deadline has passed, if ``_may_stand``. Until then, ask the others whether they would
+        vote for us: a majority of yes within PRE_VOTE_WAIT lets it stand at once; otherwise a
+        new election timeout starts. Our term does not change meanwhile."""
+        if self._hello_due:
+            self._greet()
         b = self._b
         if b._SyncObj__raftState == _LEADER or b._SyncObj__selfNode is None:
             return
         now = monotonic()
-        if b._SyncObj__raftElectionDeadline > now + 0.005:  # (the tick checks a little later)
+        if b._SyncObj__raftElectionDeadline > now or self._may_stand():
             return
-        term = b._SyncObj__raftCurrentTerm + 1
-        if self._won_term == term or b._SyncObj__transferInProgress:
-            return
-        if not b._SyncObj__connectedToAnyone():
+        if not SyncObj._SyncObj__connectedToAnyone(b):
             return  # pysyncobj does not stand either
+        term = b._SyncObj__raftCurrentTerm + 1
         r = self._round
         if r is not None and r[0] == term:
             if now < r[1]:
-                b._SyncObj__raftElectionDeadline = r[1]
                 return
             self._round = None
-            self.stats["pre_votes_lost"] += 1
+            self._lost_round(term, r)
             b._SyncObj__raftElectionDeadline = now + b._SyncObj__generateRaftTimeout()
             return
+        others = b._SyncObj__otherNodes
         connected = b._SyncObj__connectedNodes
         unsure = [
-            self._connected_at.get(n.id, now) + HELLO_GRACE
-            for n in b._SyncObj__otherNodes
+            self._connected_at.get(n.id, 0.0) + HELLO_GRACE
+            for n in others
             if n in connected and n.id not in self._pre_voters
         ]
         if unsure and max(unsure) > now:
@@ -1505,17 +1537,31 @@ class RaftNode:
             return
         self._round = (term, now + PRE_VOTE_WAIT, set())
         self.stats["pre_votes"] += 1
-        b._SyncObj__raftElectionDeadline = now + PRE_VOTE_WAIT
         ask = {
             "type": _PRE_VOTE,
             "term": term,
             "last_log_index": b._SyncObj__getCurrentLogIndex(),
             "last_log_term": b._SyncObj__getCurrentLogTerm(),
         }
-        for n in b._SyncObj__otherNodes:
+        for n in others:
             if n in connected:
                 self._send(n, ask)
         self._count_round()
+
+    def _lost_round(self, term: int, r: tuple[int, float, set[str]]) -> None:
+        self.stats["pre_votes_lost"] += 1
+        now = time.monotonic()
+        if now - self._pre_vote_warned >= PRE_VOTE_WARN_EVERY:
+            self._pre_vote_warned = now
+            log.warning(
+                "raft %s: no leader heard, and a pre-vote for term %d got %d of %d yes (more"
+                " are needed); cut off from the others? (%d lost so far)",
+                self.config.node_id,
+                term,
+                1 + len(r[2]),
+                1 + len(self._b._SyncObj__otherNodes),
+                self.stats["pre_votes_lost"],
+            )
 
     def _count_round(self) -> None:
         r = self._round
@@ -1524,15 +1570,18 @@ class RaftNode:
         b = self._b
         others = b._SyncObj__otherNodes
         connected = b._SyncObj__connectedNodes
-        votes = 1 + len(r[2])
+        votes = 1
         for n in others:
-            if n in connected and n.id not in self._pre_voters:
+            if n.id in r[2]:
+                votes += 1
+            elif n in connected and n.id not in self._pre_voters:
                 votes += 1  # an older version: knows no pre-vote and votes as it always did
         if 2 * votes > len(others) + 1:
-            self._won_term = r[0]
+            now = monotonic()
+            self._won = (r[0], now + PRE_VOTE_WAIT)
             self._round = None
             self.stats["pre_votes_won"] += 1
-            b._SyncObj__raftElectionDeadline = 0.0  # stand in the next tick
+            b._SyncObj__raftElectionDeadline = now  # stand in the next tick
 
     def _on_pre_vote_message(self, node: Any, kind: str, m: dict[str, Any]) -> None:
         self._pre_voters.add(node.id)
@@ -1543,7 +1592,12 @@ class RaftNode:
             self._send(node, {"type": _PRE_VOTE_REPLY, "term": m.get("term"), "granted": granted})
         elif kind == _PRE_VOTE_REPLY:
             r = self._round
-            if r is not None and m.get("granted") is True and m.get("term") == r[0]:
+            if (
+                r is not None
+                and m.get("granted") is True
+                and m.get("term") == r[0]
+                and monotonic() < r[1]
+            ):
                 r[2].add(node.id)
                 self._count_round()
 
@@ -1575,8 +1629,20 @@ class RaftNode:
                 self._on_pre_vote_message(node, kind, message)
                 return
         if isinstance(message, dict) and message.get("type") == "append_entries":
-            if message.get("term", -1) >= b._SyncObj__raftCurrentTerm:
+            term = b._SyncObj__raftCurrentTerm
+            if message.get("term", -1) >= term:
                 self._heard_leader_at = monotonic()
+                self._round = self._won = None  # a leader: no election
+                self._ahead_term = -1
+            elif self._pre_vote and self._ahead_term != term:
+                self._ahead_term = term
+                log.warning(
+                    "raft %s: term %d is ahead of the leader's (%s); standing for election to"
+                    " bring them together",
+                    self.config.node_id,
+                    term,
+                    message.get("term"),
+                )
             if "prevLogIdx" not in message and "commit_index" in message:
                 # A snapshot chunk (or "none yet") checks nothing of our log, yet pysyncobj
                 # raised our commit index to the leader's over whatever our log holds: an
