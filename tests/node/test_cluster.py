@@ -58,9 +58,13 @@ def test_publish_receive_ack_through_any_node(shared_cluster3: Cluster) -> None:
         assert all(m["answers"] for m in st["members"].values())
         url = c.url(nid)
         wait_for(f"{nid} ready", lambda: http("GET", url + "/readyz")[0] == 200, 10)  # noqa: B023
-        code, text = http("GET", c.url(nid) + "/metrics")
-        assert code == 200
-        assert f'raftq_group_acked_total{{group="default",topic="{topic}"}} 2.0' in text.decode()
+        line = f'raftq_group_acked_total{{group="default",topic="{topic}"}} 2.0'
+
+        def counted(url: str = url, line: str = line) -> bool:
+            code, text = http("GET", url + "/metrics")  # a follower applies a little later
+            return code == 200 and line in text.decode()
+
+        wait_for(f"{nid} metrics", counted, 10)
 
 
 def test_visibility_expiry_redelivers_with_next_attempt(shared_cluster3: Cluster) -> None:
