@@ -22,7 +22,13 @@ from raftq.node.app import API_KEY, NodeSettings, build_app
 from raftq.node.httperrors import STATUS_BY_CODE
 from raftq.node.local import LocalRaft
 from raftq.node.openapi import document
-from raftq.node.raftapi import EntryTooLarge, NotLeader, QueueFull, UnknownOutcome
+from raftq.node.raftapi import (
+    EntryTooLarge,
+    NotLeader,
+    QueueFull,
+    ReadNotReady,
+    UnknownOutcome,
+)
 
 Client = TestClient[web.Request, web.Application]
 
@@ -599,3 +605,25 @@ async def test_applies_wake_the_ticker_only_when_something_falls_due_sooner(
     assert api._wants_apply()  # between two sleeps: always
     api._apply_signal = None
     assert not api._wants_apply()  # nobody waits at all (a follower)
+
+
+async def test_reads_first_confirm_that_this_node_still_leads(
+    node: tuple[LocalRaft, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raft, client = node
+    topic = await make_topic(client)
+    outcomes: list[BaseException | None] = [ReadNotReady("new leader"), None, TimeoutError()]
+
+    async def barrier(timeout: float = 5.0) -> None:
+        out = outcomes.pop(0)
+        if out is not None:
+            raise out
+
+    monkeypatch.setattr(raft, "read_barrier", barrier)
+    entries = len(raft.entries)
+    r = await client.get(f"/topics/{topic}")
+    assert r.status == 200, await r.text()
+    assert len(raft.entries) == entries + 1  # a tick of the new leader's term, then the read
+    r = await client.get(f"/topics/{topic}/groups/default")
+    assert r.status == 503 and (await r.json())["code"] == "no_leader"
+    assert outcomes == []

@@ -930,3 +930,32 @@ async def test_a_node_whose_term_is_ahead_of_the_leader_rejoins(tmp_path: Path) 
         await until("it to follow", lambda: ahead.status().applied_index >= index)
     finally:
         await ns.close()
+
+
+async def test_a_read_barrier_needs_a_majority_that_still_follows(three: Nodes) -> None:
+    leader = await three.leader()
+    await leader.propose([{"op": "create_topic", "topic": "t"}])
+    await leader.read_barrier(2.0)
+    follower = next(n for n in three.nodes.values() if n is not leader)
+    with pytest.raises(NotLeader):
+        await follower.read_barrier(2.0)
+    heal = _cut_off(three, leader.config.node_id)
+    try:
+        # Cut off, it still thinks it leads (for LEADER_FALLBACK) but cannot confirm it.
+        with pytest.raises((TimeoutError, NotLeader)):
+            await leader.read_barrier(1.0)
+
+        def other() -> RaftNode | None:
+            return next(
+                (n for n in three.nodes.values() if n.is_leader() and n is not leader), None
+            )
+
+        await until("a new leader", other)
+        new = other()
+        assert new is not None
+        await new.propose([pub("t", b"unseen by the old leader")])
+        await new.read_barrier(2.0)
+        assert new.read(lambda b: b.topic_stats("t")["messages"]) == 1
+        assert leader.read(lambda b: b.topic_stats("t")["messages"]) == 0  # what it would show
+    finally:
+        heal()

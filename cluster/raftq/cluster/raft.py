@@ -34,7 +34,9 @@ What it changes in pysyncobj 0.3.17, through its extension points only:
   restarted node apply its journal before it hears from a leader;
 * elections: pre-vote (``_hold_election``): a node stands (term + 1) only once a majority
   said it would vote for it, and a node with a live leader says no, so a node cut off and
-  back does not depose the leader (pysyncobj steps down on any higher term it is sent).
+  back does not depose the leader (pysyncobj steps down on any higher term it is sent);
+* reads: ``read_barrier`` confirms leadership with a majority before a read (ReadIndex;
+  pysyncobj has no read path, so a deposed leader answered from stale state).
 
 Threads: pysyncobj code runs only under ``_tick_lock``. A follower's runs on the tick thread,
 which holds the lock except while it waits for events; a proposal made while it waits is
@@ -187,6 +189,8 @@ HELLO_GRACE = 1.0  # a newly connected peer says within this that it takes part 
 # one that does not runs an older version and votes as before: it counts as granting
 PRE_VOTE_WARN_EVERY = 30.0  # seconds between warnings about pre-votes lost
 _HELLO, _PRE_VOTE, _PRE_VOTE_REPLY = "raftq_hello", "raftq_pre_vote", "raftq_pre_vote_reply"
+_READ_PING, _READ_PONG = "raftq_read_ping", "raftq_read_pong"  # see read_barrier
+_OURS = frozenset([_HELLO, _PRE_VOTE, _PRE_VOTE_REPLY, _READ_PING, _READ_PONG])
 QUEUE_MAX = 4096  # proposals waiting for the tick thread (each is a batch); beyond: QueueFull
 PICKLE_PROTOCOL = 4  # a 10 KB append: protocol 2 (pysyncobj's) 124/105 us to dump/load and
 # 15 KB on the wire (bytes become latin-1 text); protocol 4: 3.3/3.8 us and 10 KB.
@@ -217,6 +221,11 @@ class RaftConfig:
 
 class RaftError(Exception):
     """Base of the binding's errors."""
+
+
+class ReadNotReady(RaftError):
+    """A new leader has not committed an entry of its term yet, so it does not know what is
+    committed: commit any entry (a tick) and read again."""
 
 
 class NotLeader(RaftError):
@@ -574,6 +583,18 @@ class _Binding(SyncObj):  # type: ignore[misc]
         self._rq._deliver_all()  # before this tick's poll, which may wait a whole TICK
 
 
+class _Read:
+    """A read barrier waiting for a majority's answers to ping ``seq`` and for ``index``
+    applied (see RaftNode.read_barrier)."""
+
+    __slots__ = ("fut", "index", "loop", "seq")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.fut: asyncio.Future[None] = loop.create_future()
+        self.seq = self.index = 0
+
+
 # ---------------------------------------------------------------------------- the node
 
 
@@ -662,6 +683,12 @@ class RaftNode:
         self._won: tuple[int, float] | None = None  # pysyncobj may stand for (term, until)
         self._ahead_term = -1  # our term while a leader of an older one is heard (see _may_stand)
         self._pre_vote_warned = -PRE_VOTE_WARN_EVERY
+        # Read barriers (see read_barrier): pings sent, the highest each peer answered in
+        # _read_term, and the barriers waiting.
+        self._read_seq = 0
+        self._read_term = -1
+        self._read_acked: dict[str, int] = {}
+        self._reads: list[_Read] = []
         self._thread: threading.Thread | None = None
         self._b: Any = None
         self._journal: Journal | None = None
@@ -1172,6 +1199,9 @@ class RaftNode:
                 if p.state == _LOGGED:
                     p.state = _DONE
                     self._done.append((p, None, UnknownOutcome("node stopped before commit")))
+        reads, self._reads = self._reads, []
+        for r in reads:
+            self._settle_read(r, NotLeader("node stopping"))
         self._deliver_all()
 
     # ------------------------------------------------------------------ tick thread
@@ -1203,6 +1233,8 @@ class RaftNode:
             acks, self._acks = self._acks, []
             for node, msg in acks:
                 self._send_now(node, msg)
+        if self._reads:
+            self._check_reads()
         self._deliver_all()
 
     def _bound_reads(self) -> None:
@@ -1623,9 +1655,12 @@ class RaftNode:
 
     def _on_message(self, node: Any, message: Any) -> None:
         b = self._b
-        if self._pre_vote and isinstance(message, dict):
-            kind = message.get("type")
-            if kind in (_HELLO, _PRE_VOTE, _PRE_VOTE_REPLY):
+        if isinstance(message, dict) and message.get("type") in _OURS:
+            kind = message["type"]
+            if kind in (_READ_PING, _READ_PONG):
+                self._on_read_message(node, kind, message)
+                return
+            if self._pre_vote:
                 self._on_pre_vote_message(node, kind, message)
                 return
         if isinstance(message, dict) and message.get("type") == "append_entries":
@@ -1891,6 +1926,104 @@ class RaftNode:
     def read(self, fn: Callable[[Broker], T]) -> T:
         with self._lock:
             return fn(self.broker)
+
+    async def read_barrier(self, timeout: float = 5.0) -> None:
+        """Make the next ``read`` linearizable (Raft's ReadIndex): return once this node has
+        confirmed, after the call, that it still leads (a majority answered a ping in its
+        term) and has applied everything committed when the call was made. A leader cut off
+        from the others finds out here instead of answering from stale state. Raises
+        NotLeader, ReadNotReady (a new leader: commit an entry and call again) or
+        TimeoutError."""
+        r = _Read(asyncio.get_running_loop())
+        self._calls.append(functools.partial(self._start_read, r))
+        self._wake()
+        async with asyncio.timeout(timeout):
+            await r.fut
+
+    def _start_read(self, r: _Read) -> None:
+        b = self._b
+        if b._SyncObj__raftState != _LEADER:
+            self._settle_read(r, self._not_leader())
+            return
+        term = b._SyncObj__raftCurrentTerm
+        commit = b._SyncObj__raftCommitIndex
+        journal = self._journal
+        assert journal is not None
+        if journal.term_at(commit) != term:
+            self._settle_read(r, ReadNotReady("no entry of this leader's term committed yet"))
+            return
+        if term != self._read_term:
+            self._read_term = term
+            self._read_acked.clear()
+        self._read_seq += 1
+        r.seq, r.index = self._read_seq, commit
+        self._reads.append(r)
+        ping = {"type": _READ_PING, "term": term, "seq": r.seq}
+        connected = b._SyncObj__connectedNodes
+        for n in b._SyncObj__otherNodes:
+            if n in connected:
+                self._send(n, ping)
+        self._check_reads()
+
+    def _on_read_message(self, node: Any, kind: str, m: dict[str, Any]) -> None:
+        b = self._b
+        term = b._SyncObj__raftCurrentTerm
+        if kind == _READ_PING:  # do we follow the sender in its term?
+            ok = m.get("term") == term and b._SyncObj__raftLeader == node
+            self._send(node, {"type": _READ_PONG, "term": m.get("term"), "seq": m.get("seq"),
+                              "ok": ok})  # fmt: skip
+        elif m.get("ok") is True and m.get("term") == self._read_term == term:
+            seq = m.get("seq")
+            if type(seq) is int and seq > self._read_acked.get(node.id, 0):
+                self._read_acked[node.id] = seq
+                self._check_reads()
+
+    def _check_reads(self) -> None:
+        """Settle the read barriers confirmed by a majority and applied (after each answer,
+        and after each tick: applies, or a lost leadership)."""
+        if not self._reads:
+            return
+        b = self._b
+        if b._SyncObj__raftState != _LEADER or b._SyncObj__raftCurrentTerm != self._read_term:
+            reads, self._reads = self._reads, []
+            for r in reads:
+                self._settle_read(r, self._not_leader("lost leadership before the read"))
+            return
+        others = b._SyncObj__otherNodes
+        connected = b._SyncObj__connectedNodes
+        applied = b._SyncObj__raftLastApplied
+        # An older version answers no pings; it counts as confirming (reads as before).
+        since = monotonic() - HELLO_GRACE
+        old = sum(
+            1
+            for n in others
+            if n in connected
+            and n.id not in self._pre_voters
+            and self._connected_at.get(n.id, 0.0) <= since
+        )
+        acked = self._read_acked
+        waiting = []
+        for r in self._reads:
+            votes = 1 + old + sum(1 for n in others if acked.get(n.id, 0) >= r.seq)
+            if 2 * votes > len(others) + 1 and applied >= r.index:
+                self._settle_read(r, None)
+            else:
+                waiting.append(r)
+        self._reads = waiting
+
+    def _settle_read(self, r: _Read, err: BaseException | None) -> None:
+        def settle() -> None:
+            if not r.fut.done():
+                if err is None:
+                    r.fut.set_result(None)
+                else:
+                    r.fut.set_exception(err)
+
+        if threading.get_ident() == self._home_ident and r.loop is self._home:
+            settle()
+        else:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                r.loop.call_soon_threadsafe(settle)
 
     def add_apply_listener(
         self, cb: Callable[[], None], wanted: Callable[[], bool] | None = None

@@ -37,6 +37,7 @@ from raftq.node.raftapi import (
     QueueFull,
     Raft,
     RaftError,
+    ReadNotReady,
     UnknownOutcome,
 )
 
@@ -268,6 +269,32 @@ class Api:
             return self.raft.read(fn)
         except BrokerError as e:
             raise ApiError.from_wire(e.to_wire()) from None
+
+    async def read_latest(self, fn: Callable[[Broker], Any]) -> Any:
+        """``read`` that sees every write acknowledged before the request (linearizable): the
+        leader first confirms, with a majority, that it still leads (``read_barrier``). A
+        leader cut off from the others no longer answers from stale state."""
+        for first in (True, False):
+            try:
+                await self.raft.read_barrier(self.settings.propose_timeout)
+                break
+            except NotLeader:
+                raise LeaderLost() from None
+            except ReadNotReady:
+                if not first:
+                    raise ApiError(
+                        "no_leader",
+                        "the leader is not ready to serve reads yet; retry shortly",
+                        retry_after=self.settings.retry_after,
+                    ) from None
+                await self.call({"op": "tick"})  # an entry of the leader's own term
+            except TimeoutError:
+                raise ApiError(
+                    "no_leader",
+                    "could not confirm with a majority that this node still leads; retry",
+                    retry_after=self.settings.retry_after,
+                ) from None
+        return self.read(fn)
 
     @contextlib.contextmanager
     def hold_consumer(self, consumer: str) -> Iterator[None]:
@@ -535,7 +562,8 @@ class Api:
     # ------------------------------------------------------------------ topics and groups
 
     async def list_topics(self, request: web.Request) -> web.StreamResponse:
-        return codec.respond(request, {"topics": self.read(lambda b: b.list_topics())})
+        topics = await self.read_latest(lambda b: b.list_topics())
+        return codec.respond(request, {"topics": topics})
 
     async def create_topic(self, request: web.Request) -> web.StreamResponse:
         body = check_fields(
@@ -550,7 +578,7 @@ class Api:
 
     async def get_topic(self, request: web.Request) -> web.StreamResponse:
         topic = _name(request.match_info["topic"], "topic")
-        return codec.respond(request, self.read(lambda b: b.topic_stats(topic)))
+        return codec.respond(request, await self.read_latest(lambda b: b.topic_stats(topic)))
 
     async def update_topic(self, request: web.Request) -> web.StreamResponse:
         topic = _name(request.match_info["topic"], "topic")
@@ -569,7 +597,7 @@ class Api:
 
     async def list_groups(self, request: web.Request) -> web.StreamResponse:
         topic = _name(request.match_info["topic"], "topic")
-        stats = self.read(lambda b: b.topic_stats(topic))
+        stats = await self.read_latest(lambda b: b.topic_stats(topic))
         return codec.respond(request, {"topic": topic, "groups": stats["groups"]})
 
     async def create_group(self, request: web.Request) -> web.StreamResponse:
@@ -593,7 +621,8 @@ class Api:
 
     async def get_group(self, request: web.Request) -> web.StreamResponse:
         topic, group = self._tg(request)
-        return codec.respond(request, self.read(lambda b: b.group_stats(topic, group)))
+        stats = await self.read_latest(lambda b: b.group_stats(topic, group))
+        return codec.respond(request, stats)
 
     async def update_group(self, request: web.Request) -> web.StreamResponse:
         topic, group = self._tg(request)
@@ -649,7 +678,7 @@ class Api:
         from_seq = _query_int(q.get("from_seq"), "from_seq", None)
         limit = _query_int(q.get("limit"), "limit", 10)
         assert limit is not None
-        msgs = self.read(lambda b: b.peek(topic, from_seq, limit))
+        msgs = await self.read_latest(lambda b: b.peek(topic, from_seq, limit))
         return codec.respond(request, {"topic": topic, "messages": msgs})
 
     async def redrive(self, request: web.Request) -> web.StreamResponse:

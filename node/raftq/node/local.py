@@ -84,6 +84,10 @@ class LocalRaft:
                 cb()
         return results
 
+    async def read_barrier(self, timeout: float = 5.0) -> None:
+        if not self.is_leader():
+            raise NotLeader("not the leader", self.leader_id, self.leader_api)
+
     def read(self, fn: Callable[[Broker], T]) -> T:
         with self._lock:
             return fn(self.broker)

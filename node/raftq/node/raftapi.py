@@ -16,6 +16,7 @@ from raftq.cluster.raft import (
     QueueFull,
     RaftError,
     RaftStatus,
+    ReadNotReady,
     UnknownOutcome,
 )
 from raftq.cluster.state import Broker
@@ -27,6 +28,7 @@ __all__ = [
     "Raft",
     "RaftError",
     "RaftStatus",
+    "ReadNotReady",
     "UnknownOutcome",
 ]
 
@@ -41,6 +43,8 @@ class Raft(Protocol):
     ) -> list[dict[str, Any]]: ...
 
     def read(self, fn: Callable[[Broker], T]) -> T: ...
+
+    async def read_barrier(self, timeout: float = 5.0) -> None: ...
 
     def status(self) -> Any: ...
 
