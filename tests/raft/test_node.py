@@ -959,3 +959,42 @@ async def test_a_read_barrier_needs_a_majority_that_still_follows(three: Nodes) 
         assert leader.read(lambda b: b.topic_stats("t")["messages"]) == 0  # what it would show
     finally:
         heal()
+
+
+async def test_a_deposed_leader_whose_pings_still_arrive_cannot_read(three: Nodes) -> None:
+    # The followers stop hearing the leader's appends (not its pings) and elect another; the
+    # old leader, kept from learning it any other way (no fallback; no vote request or append
+    # reaches it), must learn it from their answers to its pings.
+    leader = await three.leader()
+    await leader.propose([{"op": "create_topic", "topic": "t"}])
+    leader._b._SyncObj__conf.leaderFallbackTimeout = 60.0
+    old = leader.config.raft_addr
+    for n in three.nodes.values():
+        transport = n._b._SyncObj__transport
+        orig = transport._onMessageReceivedCallback
+        if n is leader:
+            drop: tuple[str, ...] = ("append_entries", "request_vote")
+            dropped = lambda peer: True  # noqa: E731
+        else:
+            drop = ("append_entries",)
+            dropped = lambda peer: peer.id == old  # noqa: E731
+
+        def keep(
+            peer: Any,
+            m: Any,
+            orig: Any = orig,
+            drop: tuple[str, ...] = drop,
+            dropped: Any = dropped,
+        ) -> None:
+            if not (isinstance(m, dict) and m.get("type") in drop and dropped(peer)):
+                orig(peer, m)
+
+        transport.setOnMessageReceivedCallback(keep)
+
+    def other() -> RaftNode | None:
+        return next((n for n in three.nodes.values() if n.is_leader() and n is not leader), None)
+
+    await until("a new leader", other)
+    assert leader.is_leader()  # as far as it knows
+    with pytest.raises(NotLeader):
+        await leader.read_barrier(2.0)

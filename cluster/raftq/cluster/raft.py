@@ -688,7 +688,10 @@ class RaftNode:
         self._read_seq = 0
         self._read_term = -1
         self._read_acked: dict[str, int] = {}
+        self._read_pinged_at = 0.0
+        self._read_queue: deque[_Read] = deque()  # from read_barrier, started by the next tick
         self._reads: list[_Read] = []
+        self._readers: set[str] = set()  # peers that answer read pings (said so in hello)
         self._thread: threading.Thread | None = None
         self._b: Any = None
         self._journal: Journal | None = None
@@ -1200,6 +1203,8 @@ class RaftNode:
                     p.state = _DONE
                     self._done.append((p, None, UnknownOutcome("node stopped before commit")))
         reads, self._reads = self._reads, []
+        while self._read_queue:
+            reads.append(self._read_queue.popleft())
         for r in reads:
             self._settle_read(r, NotLeader("node stopping"))
         self._deliver_all()
@@ -1286,6 +1291,8 @@ class RaftNode:
     def _drain(self) -> None:
         while self._calls:
             self._calls.popleft()()
+        if self._read_queue:
+            self._start_reads()
         self._append_queued(sync=True)
 
     def _append_queued(self, sync: bool) -> None:
@@ -1494,6 +1501,7 @@ class RaftNode:
         self._orig_disconnected(node)
         self._hello_due.discard(node)
         self._pre_voters.discard(node.id)  # the next connection may be another version
+        self._readers.discard(node.id)
         b = self._b
         if node == b._SyncObj__raftLeader and b._SyncObj__raftState != _LEADER:
             self._leader_lost = True
@@ -1504,17 +1512,17 @@ class RaftNode:
 
     def _on_connected(self, node: Any) -> None:
         self._orig_connected(node)
-        if self._pre_vote:
-            self._connected_at[node.id] = monotonic()
-            self._hello_due.add(node)
-            self._greet()
+        self._connected_at[node.id] = monotonic()
+        self._hello_due.add(node)
+        self._greet()
 
     def _greet(self) -> None:
         """Tell newly connected peers that we take part in pre-votes (pysyncobj ignores a type
         it does not know). Retried each tick: without a secret, pysyncobj reports an outgoing
         connection before it can carry messages."""
+        hello = {"type": _HELLO, "pre_vote": self._pre_vote, "reads": True}
         for node in list(self._hello_due):
-            if self._send(node, {"type": _HELLO}):
+            if self._send(node, hello):
                 self._hello_due.discard(node)
 
     # ------------------------------------------------------------------ pre-vote
@@ -1657,6 +1665,12 @@ class RaftNode:
         b = self._b
         if isinstance(message, dict) and message.get("type") in _OURS:
             kind = message["type"]
+            if kind == _HELLO:  # what the peer's version takes part in
+                if message.get("reads") is True:
+                    self._readers.add(node.id)
+                if message.get("pre_vote", True) is True:  # (the first hello had no keys)
+                    self._pre_voters.add(node.id)
+                return
             if kind in (_READ_PING, _READ_PONG):
                 self._on_read_message(node, kind, message)
                 return
@@ -1934,36 +1948,51 @@ class RaftNode:
         from the others finds out here instead of answering from stale state. Raises
         NotLeader, ReadNotReady (a new leader: commit an entry and call again) or
         TimeoutError."""
+        self._check_running()
         r = _Read(asyncio.get_running_loop())
-        self._calls.append(functools.partial(self._start_read, r))
+        self._read_queue.append(r)
         self._wake()
         async with asyncio.timeout(timeout):
             await r.fut
 
-    def _start_read(self, r: _Read) -> None:
+    def _start_reads(self) -> None:
+        """In a tick: start the barriers queued since the last one (they share one ping)."""
         b = self._b
-        if b._SyncObj__raftState != _LEADER:
-            self._settle_read(r, self._not_leader())
-            return
         term = b._SyncObj__raftCurrentTerm
         commit = b._SyncObj__raftCommitIndex
         journal = self._journal
         assert journal is not None
-        if journal.term_at(commit) != term:
-            self._settle_read(r, ReadNotReady("no entry of this leader's term committed yet"))
-            return
-        if term != self._read_term:
+        err: RaftError | None = None
+        if b._SyncObj__raftState != _LEADER:
+            err = self._not_leader()
+        elif journal.term_at(commit) != term:
+            err = ReadNotReady("no entry of this leader's term committed yet")
+        elif term != self._read_term:
             self._read_term = term
             self._read_acked.clear()
+        started = False
+        while self._read_queue:
+            r = self._read_queue.popleft()
+            if err is not None:
+                self._settle_read(r, err)
+                continue
+            if not started:
+                self._ping()
+                started = True
+            r.seq, r.index = self._read_seq, commit
+            self._reads.append(r)
+        if started:
+            self._check_reads()
+
+    def _ping(self) -> None:
+        b = self._b
         self._read_seq += 1
-        r.seq, r.index = self._read_seq, commit
-        self._reads.append(r)
-        ping = {"type": _READ_PING, "term": term, "seq": r.seq}
+        self._read_pinged_at = monotonic()
+        ping = {"type": _READ_PING, "term": self._read_term, "seq": self._read_seq}
         connected = b._SyncObj__connectedNodes
         for n in b._SyncObj__otherNodes:
             if n in connected:
                 self._send(n, ping)
-        self._check_reads()
 
     def _on_read_message(self, node: Any, kind: str, m: dict[str, Any]) -> None:
         b = self._b
@@ -1971,7 +2000,15 @@ class RaftNode:
         if kind == _READ_PING:  # do we follow the sender in its term?
             ok = m.get("term") == term and b._SyncObj__raftLeader == node
             self._send(node, {"type": _READ_PONG, "term": m.get("term"), "seq": m.get("seq"),
-                              "ok": ok})  # fmt: skip
+                              "ok": ok, "now": term})  # fmt: skip
+            return
+        self._readers.add(node.id)
+        now = m.get("now")
+        if type(now) is int and now > term and self._reads:
+            # That follower is in a newer term: we are deposed and will hear of it.
+            reads, self._reads = self._reads, []
+            for r in reads:
+                self._settle_read(r, self._not_leader("a newer term has begun"))
         elif m.get("ok") is True and m.get("term") == self._read_term == term:
             seq = m.get("seq")
             if type(seq) is int and seq > self._read_acked.get(node.id, 0):
@@ -1992,24 +2029,28 @@ class RaftNode:
         others = b._SyncObj__otherNodes
         connected = b._SyncObj__connectedNodes
         applied = b._SyncObj__raftLastApplied
+        now = monotonic()
         # An older version answers no pings; it counts as confirming (reads as before).
-        since = monotonic() - HELLO_GRACE
-        old = sum(
-            1
+        old = {
+            n.id
             for n in others
             if n in connected
-            and n.id not in self._pre_voters
-            and self._connected_at.get(n.id, 0.0) <= since
-        )
+            and n.id not in self._readers
+            and self._connected_at.get(n.id, 0.0) <= now - HELLO_GRACE
+        }
         acked = self._read_acked
         waiting = []
         for r in self._reads:
-            votes = 1 + old + sum(1 for n in others if acked.get(n.id, 0) >= r.seq)
+            if r.fut.done():  # timed out or cancelled
+                continue
+            votes = 1 + sum(1 for n in others if acked.get(n.id, 0) >= r.seq or n.id in old)
             if 2 * votes > len(others) + 1 and applied >= r.index:
                 self._settle_read(r, None)
             else:
                 waiting.append(r)
         self._reads = waiting
+        if waiting and now - self._read_pinged_at >= APPEND_PERIOD:
+            self._ping()  # a ping or its answer may be lost (a link that dropped and is back)
 
     def _settle_read(self, r: _Read, err: BaseException | None) -> None:
         def settle() -> None:

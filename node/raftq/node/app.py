@@ -44,6 +44,7 @@ from raftq.node.raftapi import (
 log = logging.getLogger("raftq.node")
 
 FORWARDED = "X-Raftq-Forwarded"
+READ_RETRY_S = 0.02  # a read that reached a leader not ready yet (see Api.read_latest)
 LEADER_HEADER = "X-Raftq-Leader"
 MAX_WAIT_S = 20.0
 STREAM_GRACE_S = 1.0
@@ -274,20 +275,22 @@ class Api:
         """``read`` that sees every write acknowledged before the request (linearizable): the
         leader first confirms, with a majority, that it still leads (``read_barrier``). A
         leader cut off from the others no longer answers from stale state."""
-        for first in (True, False):
+        deadline = time.monotonic() + self.settings.propose_timeout
+        while True:
             try:
-                await self.raft.read_barrier(self.settings.propose_timeout)
+                await self.raft.read_barrier(max(0.0, deadline - time.monotonic()))
                 break
             except NotLeader:
                 raise LeaderLost() from None
-            except ReadNotReady:
-                if not first:
-                    raise ApiError(
-                        "no_leader",
-                        "the leader is not ready to serve reads yet; retry shortly",
-                        retry_after=self.settings.retry_after,
-                    ) from None
-                await self.call({"op": "tick"})  # an entry of the leader's own term
+            except ReadNotReady:  # just elected: its first entry commits within a heartbeat
+                if time.monotonic() + READ_RETRY_S < deadline:
+                    await asyncio.sleep(READ_RETRY_S)
+                    continue
+                raise ApiError(
+                    "no_leader",
+                    "the new leader is not ready to serve reads yet; retry shortly",
+                    retry_after=self.settings.retry_after,
+                ) from None
             except TimeoutError:
                 raise ApiError(
                     "no_leader",
