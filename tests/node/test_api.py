@@ -26,6 +26,7 @@ from raftq.node.raftapi import (
     EntryTooLarge,
     NotLeader,
     QueueFull,
+    RaftError,
     ReadNotReady,
     UnknownOutcome,
 )
@@ -630,3 +631,20 @@ async def test_reads_first_confirm_that_this_node_still_leads(
         r = await client.get(path)
         assert r.status == 503 and (await r.json())["code"] == "no_leader", path
     assert outcomes == []
+
+
+async def test_a_node_whose_raft_stopped_answers_503_not_500(
+    node: tuple[LocalRaft, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raft, client = node
+    topic = await make_topic(client)
+    raft.fail_next(RaftError("raft node stopped: fdatasync failed"))
+    r = await client.post(f"/topics/{topic}/messages", json={"payload": b64(b"x")})
+    assert r.status == 503 and (await r.json())["code"] == "shutting_down"
+
+    async def stopped(timeout: float = 5.0) -> None:
+        raise RaftError("raft node stopped: fdatasync failed")
+
+    monkeypatch.setattr(raft, "read_barrier", stopped)
+    r = await client.get(f"/topics/{topic}")
+    assert r.status == 503 and (await r.json())["code"] == "shutting_down"

@@ -67,6 +67,14 @@ class NodeSettings:
     retry_after: int = 1
 
 
+def _raft_stopped(e: RaftError, retry_after: int) -> ApiError:
+    return ApiError(
+        "shutting_down",
+        f"this node's Raft has stopped ({e}); see its log, and use another node",
+        retry_after=retry_after,
+    )
+
+
 class LeaderLost(Exception):
     """The proposal was refused because this node is not (or no longer) the leader: the command
     was definitely not applied, so the request may be forwarded to the leader."""
@@ -260,6 +268,8 @@ class Api:
                 "outcome_unknown",
                 "the command may or may not have been applied (timeout or leader change)",
             ) from None
+        except RaftError as e:  # this node's Raft stopped (a failed disk): not applied here
+            raise _raft_stopped(e, self.settings.retry_after) from None
         err = result.get("error")
         if err is not None:
             raise ApiError.from_wire(err)
@@ -297,6 +307,8 @@ class Api:
                     "could not confirm with a majority that this node still leads; retry",
                     retry_after=self.settings.retry_after,
                 ) from None
+            except RaftError as e:
+                raise _raft_stopped(e, self.settings.retry_after) from None
         return self.read(fn)
 
     @contextlib.contextmanager
