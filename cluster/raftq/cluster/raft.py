@@ -225,7 +225,7 @@ class RaftError(Exception):
 
 class ReadNotReady(RaftError):
     """A new leader has not committed an entry of its term yet, so it does not know what is
-    committed: commit any entry (a tick) and read again."""
+    committed: retry shortly (its first entry, pysyncobj's no-op, commits within a heartbeat)."""
 
 
 class NotLeader(RaftError):
@@ -954,6 +954,8 @@ class RaftNode:
                 self._sync(journal)
             if self._quorum and self._pending:
                 wait = self._rescue()
+            if self._hello_due:
+                self._greet()
             if self._pre_vote:
                 self._hold_election()
             self._b.doTick(wait if block else 0.0)
@@ -1517,9 +1519,9 @@ class RaftNode:
         self._greet()
 
     def _greet(self) -> None:
-        """Tell newly connected peers that we take part in pre-votes (pysyncobj ignores a type
-        it does not know). Retried each tick: without a secret, pysyncobj reports an outgoing
-        connection before it can carry messages."""
+        """Tell newly connected peers what this version takes part in: pre-votes, read pings
+        (pysyncobj ignores a type it does not know). Retried each tick: without a secret,
+        pysyncobj reports an outgoing connection before it can carry messages."""
         hello = {"type": _HELLO, "pre_vote": self._pre_vote, "reads": True}
         for node in list(self._hello_due):
             if self._send(node, hello):
@@ -1546,8 +1548,6 @@ class RaftNode:
         deadline has passed, if ``_may_stand``. Until then, ask the others whether they would
         vote for us: a majority of yes within PRE_VOTE_WAIT lets it stand at once; otherwise a
         new election timeout starts. Our term does not change meanwhile."""
-        if self._hello_due:
-            self._greet()
         b = self._b
         if b._SyncObj__raftState == _LEADER or b._SyncObj__selfNode is None:
             return
