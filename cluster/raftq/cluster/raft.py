@@ -1946,8 +1946,7 @@ class RaftNode:
         confirmed, after the call, that it still leads (a majority answered a ping in its
         term) and has applied everything committed when the call was made. A leader cut off
         from the others finds out here instead of answering from stale state. Raises
-        NotLeader, ReadNotReady (a new leader: commit an entry and call again) or
-        TimeoutError."""
+        NotLeader, ReadNotReady (just elected: call again shortly) or TimeoutError."""
         self._check_running()
         r = _Read(asyncio.get_running_loop())
         self._read_queue.append(r)
