@@ -1273,3 +1273,13 @@ def test_commands_check_only_the_topics_whose_expiry_is_due(
     h.advance(30)
     h("tick")
     assert len(checked) == 600 and h.b.topic_stats("t7")["expired_total"] == 1
+
+
+def test_deleted_topics_do_not_leave_expiry_entries_behind(h: Harness) -> None:
+    h.check = False
+    for i in range(3000):  # short-lived topics, each with a key and a 10-day max_age
+        h.topic(f"tmp{i % 7}", max_age=864_000)
+        h("publish", topic=f"tmp{i % 7}", messages=[{"payload": b"x", "key": "k"}])
+        h("delete_topic", topic=f"tmp{i % 7}")
+    for index in (h.b._aging, h.b._dedup_expiry):
+        assert not index.at and len(index.heap) <= 1024

@@ -111,6 +111,9 @@ def make_log(seed: int, entries: int) -> list[bytes]:
             return {"op": "create_group", "topic": t, "group": name, "start": start}
         if r < 0.93:
             return {"op": "update_group", "topic": t, "group": g, "config": {"max_attempts": 2}}
+        if r < 0.94:
+            config = {"max_age": rng.choice([None, 2, 30]), "dedup_window": rng.choice([1, 3, 10])}
+            return {"op": "update_topic", "topic": t, "config": config}
         if r < 0.95:
             return {"op": rng.choice(["nope", "publish", "receive"]), "topic": 7}
         return {"op": "tick"}
@@ -127,8 +130,9 @@ def make_log(seed: int, entries: int) -> list[bytes]:
     return log
 
 
-def run(log: list[bytes], restore_at: int | None = None) -> tuple[bytes, str]:
-    """Apply the log; optionally move to a restored copy after ``restore_at`` entries.
+def run(log: list[bytes], restore_at: int | None = None, leader: bool = False) -> tuple[bytes, str]:
+    """Apply the log; optionally move to a restored copy after ``restore_at`` entries, or
+    ask ``next_due()`` after each entry as the leader does (it tidies internal heaps).
     Returns the final snapshot and a digest of every result."""
     b = Broker()
     h = hashlib.blake2b(digest_size=16)
@@ -138,6 +142,8 @@ def run(log: list[bytes], restore_at: int | None = None) -> tuple[bytes, str]:
             copy.restore(b.snapshot())
             b = copy
         h.update(msgpack.packb(apply_entry(b, data), use_bin_type=True))
+        if leader:
+            b.next_due()
     return b.snapshot(), h.hexdigest()
 
 
@@ -160,6 +166,7 @@ def test_replicas_with_other_hash_seeds_and_restore_points_end_byte_identical(
     snap, results = run(log)
     assert run(log) == (snap, results)  # same process, fresh broker
     assert run(log, restore_at=len(log) // 3) == (snap, results)
+    assert run(log, leader=True) == (snap, results)
 
     log_file, out_file = tmp_path / "log", tmp_path / "out"
     log_file.write_bytes(msgpack.packb(log))

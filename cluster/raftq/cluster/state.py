@@ -57,6 +57,7 @@ DLQ_PREFIX = "x-raftq-dlq-"
 REDRIVE_HEADER = "x-raftq-redrives"
 MAX_RECEIPT_LEN = 600
 COMPACT_SLACK = 4096  # stale deadline entries tolerated beyond twice the live ones
+EXPIRY_SLACK = 1024  # the same for the per-topic expiry heaps (_Expiry)
 
 # A retained message: (payload, published_at_ms, headers or None).
 Msg = tuple[bytes, int, dict[str, str] | None]
@@ -255,9 +256,19 @@ class _Expiry:
             if cur is None or due < cur:
                 self.at[name] = due
                 heapq.heappush(self.heap, (due, name))
+                if cur is not None:
+                    self._compact()
 
     def forget(self, name: str) -> None:
-        self.at.pop(name, None)
+        if self.at.pop(name, None) is not None:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Stale entries (a lowered bound, a deleted topic) wait until they come due, which
+        may be years: rebuild once they outnumber the live ones."""
+        if len(self.heap) > 2 * len(self.at) + EXPIRY_SLACK:
+            self.heap = [(due, name) for name, due in self.at.items()]
+            heapq.heapify(self.heap)
 
     def pop_due(self, now: int) -> list[str]:
         """Take out and return, sorted, the topics whose bound is due at ``now``."""
