@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import re
 import secrets
 import time
 import urllib.parse
@@ -40,6 +42,7 @@ from raftq.node.raftapi import (
     ReadNotReady,
     UnknownOutcome,
 )
+from raftq.node.stream import QUERY as STREAM_QUERY
 
 log = logging.getLogger("raftq.node")
 
@@ -145,11 +148,19 @@ def _message(m: Any, where: str, msgpack_body: bool) -> tuple[dict[str, Any], in
     # nothing to convert or drop, so the decoded map itself becomes the command's message.
     if msgpack_body and type(m) is dict and m.keys() <= _PLAIN_MESSAGE_KEYS:
         payload = m.get("payload")
-        if type(payload) is bytes and type(m.get("key", "")) is str:
+        key = m.get("key", "-")
+        if type(payload) is bytes and type(key) is str and key:
             return m, len(payload)
     if not isinstance(m, dict):
         raise ApiError("invalid_argument", f"{where} must be a map", {"field": "messages"})
     check_fields(m, MESSAGE_FIELDS, ("payload",), where + ".")
+    if m.get("key") == "":
+        # A key names one message for dedup: "" would make every keyed publish after the
+        # first a "duplicate" of it (dropped) for the whole dedup window.
+        raise ApiError(
+            "invalid_argument", f"{where}.key must not be empty (omit it for no key)",
+            {"field": "key"},
+        )  # fmt: skip
     out = dict(m)
     out["payload"] = codec.payload_in(m["payload"], where + ".payload", msgpack_body)
     for k in ("headers", "key", "delay"):
@@ -175,7 +186,9 @@ class Api:
             timeout=settings.propose_timeout,
             on_batch=self.metrics.on_batch,
             # refused before anything was appended, so a batch may be retried in halves
-            splittable=lambda e: isinstance(e, EntryTooLarge | TypeError | OverflowError),
+            splittable=lambda e: isinstance(
+                e, EntryTooLarge | TypeError | OverflowError | UnicodeEncodeError
+            ),
         )
         self.session: aiohttp.ClientSession | None = None
         self.draining = asyncio.Event()
@@ -253,7 +266,7 @@ class Api:
             raise ApiError(
                 "entry_too_large", f"the request is too large to replicate: {e}"
             ) from None
-        except (TypeError, OverflowError) as e:  # the command could not be encoded
+        except (TypeError, OverflowError, UnicodeEncodeError) as e:  # could not be encoded
             raise ApiError(
                 "invalid_argument", f"the request holds an unsupported value: {e}"
             ) from None
@@ -415,12 +428,13 @@ class Api:
         t0 = time.perf_counter()
         status = 500
         try:
+            if request.path != "/metrics" and "Upgrade" not in request.headers:
+                codec.check_accept(request)  # (metrics are text; streams answer in frames)
+            if request.query:
+                _check_query(request, route)
             resp = await handler(request)
             status = resp.status
             return resp
-        except ApiError as e:
-            status = e.status
-            return _error_response(e)
         except BrokerError as e:
             err = ApiError.from_wire(e.to_wire())
             status = err.status
@@ -431,9 +445,21 @@ class Api:
             code = {404: "route_not_found", 405: "method_not_allowed"}.get(e.status)
             if e.status == 413:
                 code = "body_too_large"
-            err = ApiError(code or "malformed_body", e.reason)
+            message = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
+            if e.status == 405:
+                message = f"{request.method} is not allowed here; allowed: {e.headers['Allow']}"
+            err = ApiError(code or "malformed_body", message)
             status = err.status
-            return _error_response(err)
+            resp = _error_response(err)
+            if "Allow" in e.headers:  # a 405 says what is allowed (RFC 9110)
+                resp.headers["Allow"] = e.headers["Allow"]
+            return resp
+        except ApiError as e:
+            status = e.status
+            resp = _error_response(e)
+            if e.close:
+                resp.force_close()
+            return resp
         except asyncio.CancelledError:
             status = 499
             raise
@@ -491,7 +517,7 @@ class Api:
         except ApiError:
             return await self._forward(request, st, body)  # the leader explains the error
         consumer = obj.get("consumer")
-        if not consumer:
+        if consumer is None or consumer == "":  # anything else goes as is: the leader checks it
             consumer = obj["consumer"] = f"c-{secrets.token_hex(8)}"
             body = codec.encode(obj, mp)[0]
         fwd = asyncio.ensure_future(self._forward(request, st, body))
@@ -587,6 +613,13 @@ class Api:
             ("topic",),
         )
         _name(body["topic"], "topic")
+        for i, spec in enumerate(body.get("groups") or []):
+            where = f"groups[{i}]."
+            if not isinstance(spec, dict):
+                raise ApiError(
+                    "invalid_argument", f"groups[{i}] must be a map", {"field": "groups"}
+                )
+            check_fields(spec, {"group": STR, "config": MAP}, ("group",), where)
         cmd = {"op": "create_topic", **{k: v for k, v in body.items() if v is not None}}
         res = await self.call(cmd)
         return codec.respond(request, res, 201 if res.get("created") else 200)
@@ -682,16 +715,8 @@ class Api:
 
     async def peek(self, request: web.Request) -> web.StreamResponse:
         topic = _name(request.match_info["topic"], "topic")
-        q = request.query
-        unknown = sorted(k for k in q if k not in ("from_seq", "limit"))
-        if unknown:
-            raise ApiError(
-                "unknown_field",
-                f"unknown query parameter(s) {', '.join(unknown)}",
-                {"fields": unknown},
-            )
-        from_seq = _query_int(q.get("from_seq"), "from_seq", None)
-        limit = _query_int(q.get("limit"), "limit", 10)
+        from_seq = _query_int(codec.query_one(request, "from_seq"), "from_seq", None)
+        limit = _query_int(codec.query_one(request, "limit"), "limit", 10)
         assert limit is not None
         msgs = await self.read_latest(lambda b: b.peek(topic, from_seq, limit))
         return codec.respond(request, {"topic": topic, "messages": msgs})
@@ -853,9 +878,13 @@ class Api:
         )
         node_id = _name(body["id"], "id")
         for field in ("raft", "api"):
-            host, sep, port = body[field].rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ApiError("invalid_argument", f"{field} must be host:port", {"field": field})
+            if not _host_port(body[field]):
+                raise ApiError(
+                    "invalid_argument",
+                    f"{field} must be host:port (a DNS name, IPv4 or [IPv6] address, and a port"
+                    " 1-65535)",
+                    {"field": field},
+                )
         await self._membership(self.raft.add_member(node_id, body["raft"], body["api"]))
         return codec.respond(request, {"added": node_id, "members": self._member_ids()})
 
@@ -1011,15 +1040,55 @@ def _maybe_ready(b: Broker, topic: str, group: str) -> bool:
     return bool(g.ready) or g.cursor < t.next_seq
 
 
+_INT_TEXT = re.compile(r"-?[0-9]{1,19}")
+
+
 def _query_int(value: str | None, field: str, default: int | None) -> int | None:
     if value is None:
         return default
-    try:
-        return int(value)
-    except ValueError:
+    if not _INT_TEXT.fullmatch(value):
+        raise ApiError("invalid_argument", f"{field} must be an integer", {"field": field})
+    return int(value)
+
+
+# Query parameters each route takes (by method and route); any other is refused.
+_QUERY: dict[tuple[str, str], frozenset[str]] = {
+    ("GET", "/topics/{topic}/messages"): frozenset(["from_seq", "limit"]),
+    ("GET", "/cluster"): frozenset(["digest"]),
+    ("GET", "/topics/{topic}/groups/{group}/stream"): STREAM_QUERY,
+}
+
+
+def _check_query(request: web.Request, route: str) -> None:
+    if route == "unmatched":
+        return  # a 404 or 405 follows
+    method = "GET" if request.method == "HEAD" else request.method
+    allowed = _QUERY.get((method, route), frozenset())
+    unknown = sorted(k for k in request.query if k not in allowed)
+    if unknown:
         raise ApiError(
-            "invalid_argument", f"{field} must be an integer", {"field": field}
-        ) from None
+            "unknown_field",
+            f"unknown query parameter(s) {', '.join(unknown)}"
+            + (f"; this route takes {', '.join(sorted(allowed))}" if allowed else ""),
+            {"fields": unknown},
+        )
+
+
+_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def _host_port(value: str) -> bool:
+    """``host:port`` with a DNS name, an IPv4 address or a bracketed IPv6 address."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        return False
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return False
+        return True
+    return len(host) <= 253 and _HOST_NAME.fullmatch(host) is not None
 
 
 def _route_name(request: web.Request) -> str:
@@ -1045,6 +1114,8 @@ def build_app(raft: Raft, settings: NodeSettings | None = None) -> web.Applicati
     app[API_KEY] = api
     for method, path, handler in api.routes():
         route = app.router.add_route(method, path, handler)
+        if method == "GET" and not path.endswith("/stream"):
+            app.router.add_route("HEAD", path, handler)  # (load balancers' health checks)
         if path.endswith("/stream"):
             api.stream_resource = route.resource
         if path.endswith("/receive"):

@@ -1,9 +1,10 @@
 """Request and response bodies: JSON by default, msgpack on request.
 
 A request body is msgpack when its ``Content-Type`` is ``application/msgpack`` (or
-``application/x-msgpack``), JSON otherwise. A response is msgpack when ``Accept`` names msgpack,
-or when the request was msgpack and ``Accept`` does not ask for JSON. In JSON, ``bytes`` travel as
-base64 strings (message payloads); in msgpack as raw bytes.
+``application/x-msgpack``, ``application/vnd.msgpack``), JSON otherwise. A response is msgpack
+when ``Accept`` prefers msgpack (q-values count; ``q=0`` refuses), or when the request was msgpack
+and ``Accept`` prefers neither; an ``Accept`` that allows neither gets 406. In JSON, ``bytes``
+travel as base64 strings (message payloads); in msgpack as raw bytes.
 """
 
 from __future__ import annotations
@@ -21,20 +22,65 @@ from raftq.node.httperrors import ApiError
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"
-_MSGPACK_TYPES = frozenset([MSGPACK, "application/x-msgpack"])
+_MSGPACK_TYPES = frozenset([MSGPACK, "application/x-msgpack", "application/vnd.msgpack"])
 
 
 def is_msgpack_request(request: web.BaseRequest) -> bool:
     return request.content_type in _MSGPACK_TYPES
 
 
+def _accept_q(accept: str) -> tuple[float, float]:
+    """How much an ``Accept`` header wants (JSON, msgpack): the q of the most specific range
+    matching each (``*/*`` < ``application/*`` < the type itself), 0 when none matches."""
+    best = {"json": (-1, 0.0), "msgpack": (-1, 0.0)}
+    for part in accept.split(","):
+        kind, *params = (p.strip() for p in part.split(";"))
+        kind = kind.lower()
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = min(1.0, max(0.0, float(value)))
+                except ValueError:
+                    q = 0.0
+                if not math.isfinite(q):
+                    q = 0.0
+        rank = _RANGE_RANK.get(kind, -1)
+        for fmt, types in (("json", (JSON,)), ("msgpack", _MSGPACK_TYPES)):
+            r = 2 if kind in types else rank
+            if r > best[fmt][0]:
+                best[fmt] = (r, q)
+    return best["json"][1], best["msgpack"][1]
+
+
+_RANGE_RANK = {"*/*": 0, "application/*": 1}
+
+
+def check_accept(request: web.BaseRequest) -> None:
+    """Refuse (406) up front an ``Accept`` that allows neither format: after the handler ran,
+    a refusal would hide that the command was applied."""
+    accept = request.headers.get("Accept", "").strip()
+    if accept and accept != JSON and max(_accept_q(accept)) <= 0:
+        raise ApiError(
+            "not_acceptable",
+            f"Accept {accept[:100]!r} allows neither {JSON} nor {MSGPACK}",
+            {"accept": accept[:200]},
+        )
+
+
 def wants_msgpack(request: web.BaseRequest) -> bool:
-    accept = request.headers.get("Accept", "")
-    if any(t in accept for t in _MSGPACK_TYPES):
-        return True
-    if "json" in accept:
+    accept = request.headers.get("Accept", "").strip()
+    if not accept:
+        return is_msgpack_request(request)
+    if accept == JSON:
         return False
-    return is_msgpack_request(request)
+    if accept == MSGPACK:
+        return True
+    q_json, q_msgpack = _accept_q(accept)
+    if q_json == q_msgpack:
+        return is_msgpack_request(request)
+    return q_msgpack > q_json
 
 
 def _reject_constant(value: str) -> Any:
@@ -52,7 +98,10 @@ def decode_body(raw: bytes, msgpack_body: bool) -> dict[str, Any]:
             obj = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as e:
         kind = "msgpack" if msgpack_body else "JSON"
-        raise ApiError("malformed_body", f"request body is not valid {kind}: {e}") from None
+        why = str(e) or (
+            "nesting too deep" if isinstance(e, msgpack.StackError) else type(e).__name__
+        )
+        raise ApiError("malformed_body", f"request body is not valid {kind}: {why}") from None
     if not isinstance(obj, dict):
         raise ApiError("malformed_body", "request body must be a map (JSON object)")
     _check_values(obj, 0)
@@ -65,14 +114,20 @@ _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 
 def _check_values(obj: Any, depth: int) -> None:
     """Reject what cannot be replicated faithfully: integers beyond 64 bits, non-finite floats
-    (JSON ``1e400``) and nesting deeper than ``MAX_DEPTH``."""
+    (JSON ``1e400``), strings that are not Unicode text (JSON ``"\\ud800"``, a lone surrogate:
+    no UTF-8 for it) and nesting deeper than ``MAX_DEPTH``."""
     if depth > MAX_DEPTH:
         raise ApiError("malformed_body", f"request body nests deeper than {MAX_DEPTH} levels")
     t = type(obj)
-    if t is bytes or t is str:  # most values (payloads, names, keys): nothing to check
+    if t is bytes:  # payloads
+        return
+    if t is str:
+        _check_text(obj)
         return
     if isinstance(obj, dict):
-        for v in obj.values():
+        for k, v in obj.items():
+            if type(k) is str:
+                _check_text(k)
             _check_values(v, depth + 1)
     elif isinstance(obj, list):
         for v in obj:
@@ -86,11 +141,44 @@ def _check_values(obj: Any, depth: int) -> None:
         raise ApiError("invalid_argument", "numbers must be finite")
 
 
+def _check_text(s: str) -> None:
+    if s.isascii():  # nearly every string: names, keys, base64 payloads
+        return
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        raise ApiError(
+            "invalid_argument",
+            f"string {s[:40]!r} is not valid Unicode text (a lone surrogate)",
+        ) from None
+
+
+def check_frame(obj: Any) -> None:
+    """``decode_body``'s checks for a map that came another way (a WebSocket frame)."""
+    _check_values(obj, 0)
+
+
+def query_one(request: web.BaseRequest, name: str) -> str | None:
+    """A query parameter given at most once (``?limit=1&limit=5000`` is refused, not guessed)."""
+    values = request.query.getall(name, [])
+    if len(values) > 1:
+        raise ApiError("invalid_argument", f"{name} is given more than once", {"field": name})
+    return values[0] if values else None
+
+
 async def read_raw(request: web.Request) -> bytes:
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge as e:
         raise ApiError("body_too_large", e.text or "request body too large") from None
+    except web.RequestPayloadError as e:  # a Content-Encoding that does not decode, a cut body
+        # The rest of the body cannot be skipped: answer, then close the connection (aiohttp
+        # would fail again reading the rest, and log that as unhandled).
+        request.content.feed_eof()
+        message = " ".join(str(e).split())
+        raise ApiError(
+            "malformed_body", f"request body could not be read: {message}", close=True
+        ) from None
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:

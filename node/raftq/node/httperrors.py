@@ -35,6 +35,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "entry_too_large": 413,
     "route_not_found": 404,
     "method_not_allowed": 405,
+    "upgrade_required": 426,  # a plain GET of a WebSocket endpoint
     "membership_refused": 409,  # not a member to remove, already one, or a change in progress
     "no_leader": 503,
     "overloaded": 503,
@@ -59,12 +60,14 @@ class ApiError(Exception):
         details: dict[str, Any] | None = None,
         *,
         retry_after: float | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.details = details or {}
         self.retry_after = retry_after
+        self.close = close  # close the connection after answering (unread request bytes)
 
     @property
     def status(self) -> int:

@@ -2,7 +2,9 @@
 
 Query: ``prefetch`` (1..1000, default 10), ``visibility`` (seconds, optional), ``format``
 (``msgpack``, the default: binary frames; or ``json``: text frames, payloads base64), ``batch``
-(``1``: the deliveries of one receive come in one ``deliveries`` frame, not one frame each).
+(``1``: the deliveries of one receive come in one ``deliveries`` frame, not one frame each;
+``0``, the default). Any other parameter is refused (400), as is a request without
+``Upgrade: websocket`` (426).
 
 The server keeps up to ``prefetch`` unsettled deliveries pushed to the socket; once it has some
 out, it tops up when a quarter of ``prefetch`` is free (fewer, larger receives):
@@ -29,6 +31,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
@@ -36,18 +39,23 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 from aiohttp import WSMsgType, web
 
+from raftq.node import codec
 from raftq.node.httperrors import ApiError
 
 if TYPE_CHECKING:
     from raftq.node.app import Api
 
+log = logging.getLogger(__name__)
+
 MAX_PREFETCH = 1000
+QUERY = frozenset(["prefetch", "visibility", "format", "batch"])
+SEND_TIMEOUT = 30.0  # a client that reads nothing for this long is cut off (its deliveries return)
 CLOSE_LEADER_CHANGED = 4001
 SETTLE_OPS = {"ack": (), "nack": ("delay",), "extend": ("seconds",), "term": ("reason",)}
 
 
 def _query_number(request: web.Request, name: str, lo: float, hi: float) -> float | None:
-    raw = request.query.get(name)
+    raw = codec.query_one(request, name)
     if raw is None:
         return None
     try:
@@ -71,15 +79,23 @@ class _Socket:
     async def send(self, obj: dict[str, Any]) -> None:
         if self.ws.closed:
             return
-        if self.json:
-            await self.ws.send_str(json.dumps(_b64(obj)))
-        else:
-            await self.ws.send_bytes(msgpack.packb(obj, use_bin_type=True))
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT):
+                if self.json:
+                    await self.ws.send_str(json.dumps(_b64(obj)))
+                else:
+                    await self.ws.send_bytes(msgpack.packb(obj, use_bin_type=True))
+        except TimeoutError:
+            raise ConnectionResetError("the client reads nothing; stream cut off") from None
 
     def decode(self, data: str | bytes) -> Any:
         if isinstance(data, bytes):
             return msgpack.unpackb(data, raw=False)
         return json.loads(data)
+
+
+def _frame_error(fid: Any, e: ApiError) -> dict[str, Any]:
+    return {"type": "error", "id": fid, **e.body()}
 
 
 def _b64(obj: Any) -> Any:
@@ -97,11 +113,18 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
 
     prefetch = int(_query_number(request, "prefetch", 1, MAX_PREFETCH) or 10)
     visibility = _query_number(request, "visibility", 0.001, 12 * 3600)
-    batch = request.query.get("batch", "0") == "1"
+    batch_arg = codec.query_one(request, "batch") or "0"
+    if batch_arg not in ("0", "1"):
+        raise ApiError("invalid_argument", "batch must be 0 or 1", {"field": "batch"})
+    batch = batch_arg == "1"
     low_water = max(1, prefetch // 4)
-    fmt = request.query.get("format", "msgpack")
+    fmt = codec.query_one(request, "format") or "msgpack"
     if fmt not in ("msgpack", "json"):
         raise ApiError("invalid_argument", "format must be msgpack or json", {"field": "format"})
+    if not web.WebSocketResponse().can_prepare(request).ok:
+        raise ApiError(
+            "upgrade_required", "this endpoint streams over a WebSocket: send Upgrade: websocket"
+        )
     if not api.raft.is_leader():
         leader = api.raft.status().leader_api
         if not leader:
@@ -129,10 +152,16 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
 
     async def settle(frame: Any) -> None:
         fid = frame.get("id") if isinstance(frame, dict) else None
+        checked = False  # past the frame's own checks: a frame without id gets no answer now
         try:
-            if not isinstance(frame, dict) or frame.get("op") not in SETTLE_OPS:
-                raise ApiError("invalid_argument", "frame needs op ack, nack, extend or term")
-            op = frame["op"]
+            if not isinstance(frame, dict):
+                raise ApiError("malformed_body", "a frame must be a map")
+            codec.check_frame(frame)
+            op = frame.get("op")
+            if not isinstance(op, str) or op not in SETTLE_OPS:
+                raise ApiError(
+                    "invalid_argument", "frame needs op ack, nack, extend or term", {"field": "op"}
+                )
             allowed = {"id", "op", "receipts", *SETTLE_OPS[op]}
             unknown = sorted(str(k) for k in frame if k not in allowed)
             if unknown:
@@ -140,10 +169,17 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                     "unknown_field", f"unknown field(s) {', '.join(unknown)}", {"fields": unknown}
                 )
             receipts = frame.get("receipts")
-            if not isinstance(receipts, list) or not receipts:
+            if (
+                not isinstance(receipts, list)
+                or not receipts
+                or not all(isinstance(r, str) for r in receipts)
+            ):
                 raise ApiError(
-                    "invalid_argument", "receipts must be a non-empty list", {"field": "receipts"}
+                    "invalid_argument",
+                    "receipts must be a non-empty list of strings",
+                    {"field": "receipts"},
                 )
+            checked = True
             cmd = {k: v for k, v in frame.items() if k != "id" and v is not None}
             result = await api.call(cmd)
             if op == "extend":
@@ -157,8 +193,8 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
             if fid is not None:  # a frame without id asks for no answer (fire-and-forget acks)
                 await sock.send({"type": "result", "id": fid, "result": result})
         except ApiError as e:
-            if fid is not None or e.code in ("malformed_body", "unknown_field"):
-                await sock.send({"type": "error", "id": fid, **e.body()})
+            if fid is not None or not checked:
+                await sock.send(_frame_error(fid, e))
         except LeaderLost:
             # Not applied. The client settles over HTTP instead (which finds the new leader);
             # the stream itself ends with CLOSE_LEADER_CHANGED from the delivery loop.
@@ -167,6 +203,11 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                     {"type": "error", "id": fid, "code": "no_leader",
                      "message": "this node lost the leadership; not applied", "details": {}}
                 )  # fmt: skip
+        except ConnectionError:
+            pass  # the socket is gone; the stream's own loop ends it
+        except Exception:
+            log.exception("stream settle failed")
+            await sock.send(_frame_error(fid, ApiError("internal", "internal error; see the log")))
 
     settles: set[asyncio.Task[None]] = set()
 
@@ -176,7 +217,7 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                 continue
             try:
                 frame = sock.decode(msg.data)
-            except (ValueError, msgpack.UnpackException):
+            except (ValueError, msgpack.UnpackException, RecursionError):
                 await sock.send(
                     {
                         "type": "error",
@@ -233,6 +274,11 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
         except ConnectionError:
             pass
         finally:
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                err = reader.exception()
+                if not isinstance(err, ConnectionError):
+                    log.error("stream reader failed: %r", err)
+                    close_code, close_msg = 1011, b"internal error reading frames"
             if not reader.done():
                 reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
