@@ -87,8 +87,18 @@ def test_client_errors_are_never_retried() -> None:
 def test_every_message_gets_a_distinct_idempotency_key() -> None:
     p = core.Producer("p1")
     body = core.batch_body(p, [b"a", "b", {"payload": b"c", "key": "mine"}])
-    assert [m["key"] for m in body["messages"]] == ["p1-1", "p1-2", "mine"]
+    k1, k2, k3 = [m["key"] for m in body["messages"]]
+    assert k1.startswith("p1-") and k1.endswith("-1") and k2 == k1[:-1] + "2"
+    assert k3 == "mine"
     assert body["messages"][1]["payload"] == b"b"
+
+
+def test_a_restarted_producer_with_the_same_id_has_new_keys() -> None:
+    # Same producer_id after a restart: its keys must not repeat the previous run's, or the
+    # server drops its new messages as duplicates for the whole dedup window.
+    first = {core.Producer("orders-svc").key() for _ in range(1)}
+    again = {core.Producer("orders-svc").key() for _ in range(1)}
+    assert first.isdisjoint(again)
 
 
 def test_single_receipt_settle_raises_its_error() -> None:

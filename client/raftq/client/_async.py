@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
+from urllib.parse import urljoin
 
 import aiohttp
 import msgpack
@@ -208,6 +209,7 @@ class AsyncClient:
         # Consumers whose loop has not finished: close() releases them before it goes.
         self._consumers: set[str] = set()
         self._coalescers: dict[str, Coalescer] = {}
+        self._closed = False
         self._pending_acks: list[str] = []
         self._background: set[asyncio.Future[Any]] = set()
 
@@ -224,7 +226,10 @@ class AsyncClient:
 
     async def close(self) -> None:
         """Release the deliveries of consume loops left open, then close the connections.
-        (A loop left with ``break`` is finalized by the event loop a moment later.)"""
+        (A loop left with ``break`` is finalized by the event loop a moment later.) Messages
+        given to ``publish_nowait`` are sent first, within the client's timeout."""
+        for coalescer in list(self._coalescers.values()):
+            await coalescer.flush(self.timeout)
         if self._background:
             await asyncio.wait(set(self._background), timeout=self.timeout)
         for consumer in list(self._consumers):
@@ -235,14 +240,19 @@ class AsyncClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        self._closed = True
 
     def _pool(self) -> http.HttpPool:
+        if self._closed:
+            raise RaftqError("the client is closed")
         if self._requests is None:
             self._requests = http.HttpPool(limit=256, connect_timeout=CONNECT_TIMEOUT)
         return self._requests
 
     def _http(self) -> aiohttp.ClientSession:
         """aiohttp, for WebSockets only: requests go through ``_pool``."""
+        if self._closed:
+            raise RaftqError("the client is closed")
         if self._session is None:
             self._session = aiohttp.ClientSession()
         return self._session
@@ -254,31 +264,46 @@ class AsyncClient:
         end = time.monotonic() + timeout + req.hold
         wire = core.prepare(req, self.fmt)
         last: RaftqError | None = None
+        unknown: UnknownOutcome | None = None  # a try whose outcome is unknown: it sticks
         attempt = 0
         while True:
             remaining = end - time.monotonic()
             if remaining <= 0:
-                raise core.deadline_error(last, req, timeout)
+                raise core.deadline_error(last, req, timeout, unknown)
             url = self.endpoints.pick()
             try:
-                return await self._send(url, wire, min(remaining, self.attempt_timeout + req.hold))
+                result = await self._send(
+                    url, wire, min(remaining, self.attempt_timeout + req.hold), req.idempotent
+                )
+                return core.after_retry(req, result, unknown)
             except RaftqError as err:
                 last = err
+                if isinstance(err, UnknownOutcome):
+                    unknown = err
                 if core.node_failed(err):
                     self.endpoints.failed(url)
+                elif err.server_code == "no_leader":
+                    self.endpoints.no_leader(url)
                 delay = core.retry_delay(err, req, attempt, end - time.monotonic())
                 if delay is None:
-                    raise
+                    final = core.final_error(err, unknown)
+                    if final is err:
+                        raise
+                    raise final from err
                 attempt += 1
                 self.retries += 1
                 await asyncio.sleep(delay)
 
-    async def _send(self, url: str, wire: core.Wire, remaining: float) -> Any:
+    async def _send(self, url: str, wire: core.Wire, remaining: float, idempotent: bool) -> Any:
         target = url + wire.path
+        deadline = time.monotonic() + remaining  # for every redirect hop together
         for _ in range(core.MAX_REDIRECTS + 1):
+            left = deadline - time.monotonic()
+            if left <= 0:  # (only after a redirect, which applied nothing)
+                raise Unavailable(f"{url}: redirected until the time ran out")
             try:
                 resp = await self._pool().request(
-                    wire.method, target, wire.headers, wire.body, remaining
+                    wire.method, target, wire.headers, wire.body, left
                 )
             except http.ConnectFailed as e:
                 raise core.unavailable(url, e, sent=False) from e
@@ -286,7 +311,7 @@ class AsyncClient:
                 raise core.unavailable(url, e, sent=True) from e
             location = resp.headers.get("location")
             if core.is_redirect(resp.status) and location:
-                target = location
+                target = urljoin(target, location)  # (a relative Location is allowed)
                 self.endpoints.learn(core.normalize_url(target))
                 continue
             leader = resp.headers.get("x-raftq-leader")
@@ -503,8 +528,10 @@ class AsyncClient:
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(st.close())
-            # The socket closed under us (leader change, node stop): reconnect.
-            self.endpoints.failed(st.url)
+            # The socket closed under us (leader change, node stop): reconnect, asking anew
+            # who leads. (No cooldown for ``st.url``: aiohttp may have followed a redirect from
+            # it, and a node that is really down fails to connect and is passed over then.)
+            self.endpoints.no_leader(st.url)
             attempt += 1
 
     async def _open_stream(self, p: str, attempt: int) -> _Stream:
@@ -515,19 +542,23 @@ class AsyncClient:
                 raise core.deadline_error(last, core.Request("GET", p), self.timeout)
             url = self.endpoints.pick()
             try:
-                ws = await self._http().ws_connect(url + p, heartbeat=10.0, max_msg_size=0)
+                # Bounded like a request: a node that accepts and never answers is passed over.
+                async with asyncio.timeout(
+                    max(0.05, min(end - time.monotonic(), self.attempt_timeout))
+                ):
+                    ws = await self._http().ws_connect(url + p, heartbeat=10.0, max_msg_size=0)
                 return _Stream(ws, url)
             except aiohttp.WSServerHandshakeError as e:
                 location = e.headers.get("Location") if e.headers else None
                 if e.status in (301, 302, 307, 308) and location:
-                    self.endpoints.learn(core.normalize_url(location))
+                    self.endpoints.learn(core.normalize_url(urljoin(url + p, location)))
                     continue
                 if e.status < 500 and e.status != 429:
                     # Ask over HTTP to get the error body (404 topic, 400 bad query...).
                     await self.group(*_topic_group(p))
                     raise Unavailable(f"stream refused with HTTP {e.status}") from e
                 last = Unavailable(f"{url}: stream refused with HTTP {e.status}")
-            except (aiohttp.ClientError, OSError) as e:
+            except (aiohttp.ClientError, OSError, TimeoutError) as e:
                 last = core.unavailable(url, e, sent=False)
                 self.endpoints.failed(url)
             delay = core.retry_delay(last, core.Request("GET", p), attempt, end - time.monotonic())

@@ -71,6 +71,21 @@ class Coalescer:
             loop.call_soon(self._deferred_kick)
         return fut
 
+    async def flush(self, timeout: float) -> None:
+        """Send what is queued and wait, up to ``timeout``, for every request in flight (a
+        client closing must not drop ``publish_nowait`` messages it accepted)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while self._queue or self._tasks:
+            self._kick()
+            left = end - loop.time()
+            if left <= 0:
+                return
+            if self._tasks:
+                await asyncio.wait(set(self._tasks), timeout=left)
+            else:  # the slots are held by callers sending from their own tasks
+                await asyncio.sleep(min(0.01, left))
+
     def _deferred_kick(self) -> None:
         self._kick_soon = False
         self._kick()

@@ -48,6 +48,8 @@ class Request:
     idempotent: bool = True
     # Seconds the server may legitimately hold the request (long poll), added to the timeout.
     hold: float = 0.0
+    # ack / nack / extend / term: a retry of one that was applied finds its receipts stale.
+    settle: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,13 +142,44 @@ def node_failed(err: RaftqError) -> bool:
     return isinstance(err, Unavailable) and err.server_code != "no_leader"
 
 
-def deadline_error(last: RaftqError | None, req: Request, timeout: float) -> RaftqError:
+def deadline_error(
+    last: RaftqError | None, req: Request, timeout: float, unknown: UnknownOutcome | None = None
+) -> RaftqError:
     if isinstance(last, UnknownOutcome):
         return last
     msg = f"{req.method} {req.path}: no answer within {timeout:.1f} s"
     if last is not None:
         msg += f" (last: {last.message})"
-    return RaftqTimeout(msg)
+    return final_error(RaftqTimeout(msg), unknown)
+
+
+def final_error(err: RaftqError, unknown: UnknownOutcome | None) -> RaftqError:
+    """The error a call ends with: once one try's outcome was unknown, a later try that got no
+    definite answer (unreachable, no leader, timeout) leaves it unknown, not "not done"."""
+    if unknown is None or isinstance(err, UnknownOutcome) or not isinstance(err, Unavailable):
+        return err
+    out = UnknownOutcome(
+        f"{err.message}; an earlier try may have been applied ({unknown.message})",
+        status=err.status,
+    )
+    out.server_code = err.server_code
+    return out
+
+
+def after_retry(req: Request, result: Any, unknown: UnknownOutcome | None) -> Any:
+    """A settle retried after an unknown outcome: a receipt it finds stale may have been
+    settled by the earlier try, so its outcome is unknown, not refused."""
+    if unknown is None or not req.settle or not isinstance(result, dict):
+        return result
+    errors = result.get("errors")
+    if isinstance(errors, list):
+        for e in errors:
+            if isinstance(e, dict) and e.get("code") == "receipt_stale":
+                e["code"] = "outcome_unknown"
+                e["message"] = (
+                    f"{e.get('message', 'stale receipt')}; an earlier try may have settled it"
+                )
+    return result
 
 
 @dataclass
@@ -183,6 +216,13 @@ class Endpoints:
         if self.leader == url:
             self.leader = None
 
+    def no_leader(self, url: str) -> None:
+        """``url`` answered that it knows no leader: if we took it for the leader, ask the
+        others in turn (it may be a deposed leader cut off from the majority); it is alive, so
+        no cooldown."""
+        if self.leader == url:
+            self.leader = None
+
     def learn(self, url: str | None) -> None:
         """A server named the leader's HTTP address (header or /cluster)."""
         if url and ":" in url:  # an address, not a bare node id
@@ -216,14 +256,18 @@ def leader_from_cluster(body: Any) -> str | None:
 
 
 class Producer:
-    """Idempotency keys ``<producer id>-<n>``: a retried publish is stored once."""
+    """Idempotency keys ``<producer id>-<epoch>-<n>``: a retried publish is stored once. The
+    random epoch makes each client instance's keys its own, so a process restarted with the
+    same ``producer_id`` does not repeat the keys of its previous run (the server would take
+    its new messages for duplicates and drop them for the whole dedup window)."""
 
     def __init__(self, producer_id: str | None = None) -> None:
         self.id = producer_id or secrets.token_hex(8)
+        self._prefix = f"{self.id}-{secrets.token_hex(4)}-"
         self._n = itertools.count(1)
 
     def key(self) -> str:
-        return f"{self.id}-{next(self._n)}"
+        return f"{self._prefix}{next(self._n)}"
 
 
 def message_body(

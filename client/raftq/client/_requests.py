@@ -111,7 +111,7 @@ def receive(
 def settle(op: str, receipts: Sequence[str], **extra: Any) -> Request:
     """``ack`` / ``nack`` / ``extend`` / ``term`` for a batch of receipts."""
     body = {"receipts": list(receipts), **{k: v for k, v in extra.items() if v is not None}}
-    return Request("POST", "/" + op, body)
+    return Request("POST", "/" + op, body, settle=True)
 
 
 def release(consumer: str) -> Request:

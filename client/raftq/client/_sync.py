@@ -14,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import http.client
 import secrets
+import select
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from raftq.client import _core as core
 from raftq.client import _requests as rq
@@ -93,24 +94,50 @@ class Client:
         end = time.monotonic() + timeout + req.hold
         wire = core.prepare(req, self.fmt)
         last: RaftqError | None = None
+        unknown: UnknownOutcome | None = None  # a try whose outcome is unknown: it sticks
         attempt = 0
         while True:
             remaining = end - time.monotonic()
             if remaining <= 0:
-                raise core.deadline_error(last, req, timeout)
+                raise core.deadline_error(last, req, timeout, unknown)
             url = self.endpoints.pick()
             try:
-                return self._send(url, wire, min(remaining, self.attempt_timeout + req.hold))
+                result = self._send(
+                    url, wire, min(remaining, self.attempt_timeout + req.hold), req.idempotent
+                )
+                return core.after_retry(req, result, unknown)
             except RaftqError as err:
                 last = err
+                if isinstance(err, UnknownOutcome):
+                    unknown = err
                 if core.node_failed(err):
                     self.endpoints.failed(url)
+                elif err.server_code == "no_leader":
+                    self.endpoints.no_leader(url)
                 delay = core.retry_delay(err, req, attempt, end - time.monotonic())
                 if delay is None:
-                    raise
+                    final = core.final_error(err, unknown)
+                    if final is err:
+                        raise
+                    raise final from err
                 attempt += 1
                 self.retries += 1
                 time.sleep(delay)
+
+    def _drop_if_closed(self, base: str) -> None:
+        """A kept-alive connection the server has closed meanwhile (it reads as EOF) is dropped
+        before use: sending on it would leave the outcome of a non-idempotent request unknown."""
+        conn = self._conns.get(base)
+        sock = conn.sock if conn is not None else None
+        if conn is None or sock is None:
+            return
+        try:
+            readable = select.select([sock], [], [], 0)[0]
+        except (OSError, ValueError):
+            readable = [sock]
+        if readable:  # EOF, or bytes nobody asked for: either way not reusable
+            conn.close()
+            del self._conns[base]
 
     def _conn(self, base: str, timeout: float) -> http.client.HTTPConnection:
         conn = self._conns.get(base)
@@ -129,19 +156,24 @@ class Client:
         conn.sock.settimeout(timeout)
         return conn
 
-    def _send(self, url: str, wire: core.Wire, remaining: float) -> Any:
+    def _send(self, url: str, wire: core.Wire, remaining: float, idempotent: bool) -> Any:
         base, path = url, wire.path
         redirects = 0
-        fresh_retry = True
+        fresh_retry = idempotent
+        deadline = time.monotonic() + remaining  # for every redirect hop together
         while True:
+            left = deadline - time.monotonic()
+            if left <= 0:  # (only after a redirect, which applied nothing)
+                raise Unavailable(f"{url}: redirected until the time ran out")
+            self._drop_if_closed(base)
             reused = base in self._conns and self._conns[base].sock is not None
             sent = False
             try:
-                conn = self._conn(base, remaining)
+                conn = self._conn(base, left)
                 conn.request(wire.method, path, body=wire.body, headers=wire.headers)
                 sent = True
                 resp = conn.getresponse()
-                data = resp.read()
+                data = _read_body(conn, resp, deadline)
             except (OSError, http.client.HTTPException) as e:
                 dead = self._conns.pop(base, None)
                 if dead is not None:
@@ -150,7 +182,9 @@ class Client:
                     e, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
                 )
                 if stale and fresh_retry:
-                    # The server closed an idle kept-alive socket before reading this request.
+                    # The server closed an idle kept-alive socket, probably before reading this
+                    # request; only a request that is safe to repeat is sent again (else the
+                    # caller learns that its outcome is unknown).
                     fresh_retry = False
                     continue
                 raise core.unavailable(url, e, sent=sent) from e
@@ -163,9 +197,10 @@ class Client:
                 redirects += 1
                 if redirects > core.MAX_REDIRECTS:
                     raise Unavailable(f"too many redirects from {url}")
-                base = core.normalize_url(location)
+                target = urlsplit(urljoin(base + path, location))  # (may be relative)
+                base = core.normalize_url(f"{target.scheme}://{target.netloc}")
                 self.endpoints.learn(base)
-                path = urlsplit(location).path or path
+                path = (target.path or "/") + (f"?{target.query}" if target.query else "")
                 continue
             if leader:
                 self.endpoints.learn(leader)
@@ -334,3 +369,22 @@ class Client:
 
     def redrive(self, topic: str, max: int = 100) -> Any:
         return self.request(rq.redrive(topic, max))
+
+
+def _read_body(
+    conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, deadline: float
+) -> bytes:
+    """The response body, within the deadline as a whole (a socket timeout bounds each read
+    only: a server sending a byte now and then would hold the caller for ever)."""
+    parts = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the response did not arrive in time")
+        if conn.sock is not None:
+            conn.sock.settimeout(left)
+        part = resp.read1(65536)
+        if not part:
+            parts.append(resp.read())  # nothing left: this marks the response done (reuse)
+            return b"".join(parts)
+        parts.append(part)

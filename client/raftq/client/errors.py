@@ -144,6 +144,9 @@ BY_CODE.update(
         "body_too_large": InvalidArgument,
         "route_not_found": NotFound,
         "method_not_allowed": InvalidArgument,
+        "upgrade_required": InvalidArgument,
+        # The server failed while handling the request (a bug): a write may have been applied.
+        "internal": UnknownOutcome,
     }
 )
 
