@@ -1283,3 +1283,76 @@ def test_deleted_topics_do_not_leave_expiry_entries_behind(h: Harness) -> None:
         h("delete_topic", topic=f"tmp{i % 7}")
     for index in (h.b._aging, h.b._dedup_expiry):
         assert not index.at and len(index.heap) <= 1024
+
+
+# ---------------------------------------------------------------- found by review
+
+
+def test_a_group_whose_messages_all_come_delayed_keeps_no_skip_entries(h: Harness) -> None:
+    # A scheduler topic: every message delayed, each taken and acked when due. The group's
+    # skip set (and every snapshot) used to grow by one entry per message, for ever.
+    h.topic("jobs")
+    for _ in range(300):
+        h.publish("jobs", b"job", delay=1)
+        h.advance(1.5)
+        h("tick")
+        done = h.receive("jobs", "default", max=10)
+        assert len(done) == 1
+        h("ack", receipts=[d["receipt"] for d in done])
+    g = h.b.topics["jobs"].groups["default"]
+    assert len(g.skip) <= 1 and g.fresh == 0
+
+
+def test_redrives_to_one_group_leave_no_skip_entries_in_a_caught_up_one(h: Harness) -> None:
+    groups = [{"group": "a", "config": {"max_attempts": 1}}, {"group": "b"}]
+    h("create_topic", topic="t", groups=groups)
+    h.publish("t", *[b"m"] * 200)
+    for g, op in (("a", "term"), ("b", "ack")):
+        for _ in range(20):
+            h(op, receipts=[d["receipt"] for d in h.receive("t", g)])
+    for _ in range(200):  # b is caught up and takes no part in these
+        assert h("redrive", topic="t.dlq", max=1)["redriven"] == 1
+    assert len(h.b.topics["t"].groups["b"].skip) <= 1
+    assert len(h.receive("t", "a", max=1000)) == 200
+
+
+def test_a_retry_of_stored_messages_gets_its_results_even_from_a_full_topic(h: Harness) -> None:
+    h.topic("t", max_messages=5)
+    first = h("publish", topic="t", messages=[{"payload": b"a", "key": "k1"}])["messages"]
+    h.publish("t", b"x", b"x", b"x", b"x")
+    h("update_topic", topic="t", config={"max_messages": 3})  # now over its limit
+    again = h("publish", topic="t", messages=[{"payload": b"a", "key": "k1"}])["messages"]
+    assert again == [{"seq": first[0]["seq"], "duplicate": True}]
+    # drop_oldest: a retry that stores nothing drops nothing either
+    h("update_topic", topic="t", config={"overflow": "drop_oldest"})
+    h("publish", topic="t", messages=[{"payload": b"a", "key": "k1"}])
+    assert h.b.topic_stats("t")["messages"] == 5
+
+
+def test_redrive_moves_each_dead_letter_once_even_if_headers_name_the_dlq_itself(
+    h: Harness,
+) -> None:
+    h.topic("d")
+    loop = {"x-raftq-dlq-topic": "d", "x-raftq-dlq-group": "default"}
+    h("publish", topic="d", messages=[{"payload": b"p", "headers": loop}])
+    assert h("redrive", topic="d", max=100) == {"topic": "d", "redriven": 0, "skipped": 1}
+    assert h.b.topic_stats("d")["messages"] == 1
+
+
+def test_a_longest_name_ending_in_dlq_gets_a_dead_letter_topic_of_its_own(h: Harness) -> None:
+    topic = "q" * 124 + ".dlq"
+    h("create_topic", topic=topic)
+    dlq = h.gstats(topic)["config"]["dead_letter_topic"]
+    assert dlq != topic and len(dlq) <= 128
+
+
+def test_a_late_earliest_group_and_acks_below_its_pin_keep_the_invariants(h: Harness) -> None:
+    h("create_topic", topic="u", groups=[{"group": "A"}])
+    h.publish("u", b"1", b"2", b"3")
+    ds = h.receive("u", "A", max=3)
+    h("ack", receipts=[ds[1]["receipt"], ds[2]["receipt"]])
+    h("create_group", topic="u", group="E", start="earliest")
+    h("ack", receipts=[ds[0]["receipt"]])
+    (e,) = h.receive("u", "E", max=1)
+    assert e["payload"] == b"1"
+    h("ack", receipts=[e["receipt"]])  # the harness checks the invariants after each command

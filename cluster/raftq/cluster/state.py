@@ -218,6 +218,14 @@ def _advance_cursor(g: Group, to: int) -> None:
     g.cursor = to
 
 
+def _skip_to_end(t: Topic, g: Group) -> None:
+    """``g`` has nothing fresh: move its cursor to the end instead of keeping ``skip`` entries
+    for messages it will never take fresh (held ones may sit below the cursor). Without this a
+    group whose messages all come delayed, or a caught-up group beside redrives to another,
+    grew ``skip`` (and every snapshot) by one entry per message, for ever."""
+    _advance_cursor(g, t.next_seq)
+
+
 def _config(cmd: Mapping[str, Any]) -> Mapping[str, Any]:
     cfg = cmd.get("config")
     return {} if cfg is None else v.mapping(cfg, "config")
@@ -664,8 +672,11 @@ class Broker:
             add_bytes += size
         max_n, max_b = cfg["max_messages"], cfg["max_bytes"]
         n = len(staged)
-        over = (max_n is not None and t.count + n > max_n) or (
-            max_b is not None and t.bytes + add_bytes > max_b
+        # Only what is stored counts: a retry whose messages are all duplicates stores nothing
+        # and must get its original results, even from a topic that is full now.
+        over = n > 0 and (
+            (max_n is not None and t.count + n > max_n)
+            or (max_b is not None and t.bytes + add_bytes > max_b)
         )
         if over and cfg["overflow"] == "reject":
             raise TopicFull(
@@ -715,6 +726,8 @@ class Broker:
             self._dedup_expiry.note(t.name, now + window)
         for g in groups:
             g.fresh += n_fresh
+            if not g.fresh and g.skip:
+                _skip_to_end(t, g)
         t.count += n
         t.bytes += add_bytes
         t.counters["published"] += n
@@ -1148,8 +1161,8 @@ class Broker:
         n = v.integer(cmd.get("max", 100), "max", 1, 100_000)
         moved = 0
         skipped = 0
-        seq = d.oldest_seq()
-        while seq < d.next_seq and moved < n:
+        seq, end = d.oldest_seq(), d.next_seq  # (not what this redrive appends itself)
+        while seq < end and moved < n:
             m = d.get(seq)
             seq += 1
             if m is None:
@@ -1157,7 +1170,8 @@ class Broker:
             hdrs = m[2] or {}
             src_t = self.topics.get(hdrs.get(DLQ_PREFIX + "topic", ""))
             src_g = hdrs.get(DLQ_PREFIX + "group", "")
-            if src_t is None or src_g not in src_t.groups:
+            # (headers naming this topic itself come from a publisher, not from dead-lettering)
+            if src_t is None or src_t is d or src_g not in src_t.groups:
                 skipped += 1
                 continue
             new_hdrs = dict(hdrs)
@@ -1181,6 +1195,8 @@ class Broker:
         for g in t.groups.values():
             if g.name != group:
                 g.skip.add(seq)
+                if not g.fresh:
+                    _skip_to_end(t, g)
             else:
                 g.fresh += 1
         if t.config["max_age"] is not None:

@@ -131,7 +131,9 @@ def group_config(
     out = dict(base if base is not None else GROUP_DEFAULTS)
     if base is None:
         # Cut so that the longest valid topic name still has a valid dead-letter topic.
-        out["dead_letter_topic"] = f"{topic[:124]}.dlq"
+        dlq = f"{topic[:124]}.dlq"
+        # (a 128-character name ending in .dlq would be its own dead-letter topic)
+        out["dead_letter_topic"] = dlq if dlq != topic else f"{topic[:123]}-.dlq"
     out.update(cfg)
     seconds_ms(out["visibility_timeout"], "visibility_timeout", 0.001, MAX_TIMEOUT_S)
     integer(out["max_attempts"], "max_attempts", 0, 1_000_000)
