@@ -12,10 +12,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import msgpack
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from raftq.client import AsyncClient, Client, RaftqTimeout, UnknownOutcome
+from raftq.client._async import _Stream
 from raftq.node.app import NodeSettings, build_app
 from raftq.node.local import LocalRaft
 
@@ -301,3 +304,58 @@ async def test_close_sends_what_publish_nowait_accepted() -> None:
             await c.list_topics()
     finally:
         await srv.close()
+
+
+async def test_a_streamed_settle_lost_with_its_socket_is_retried_over_http_as_unknown() -> None:
+    # The server applies the ack frame, then the socket dies before the answer: the HTTP retry
+    # finds the receipt stale, which must read as "unknown", not as a refusal.
+    stale = {
+        "acked": 0,
+        "errors": [{"receipt": "r1", "code": "receipt_stale", "message": "no longer in flight"}],
+    }
+    delivery = {"topic": "t", "group": "g", "seq": 1, "attempt": 1, "receipt": "r1",
+                "payload": b"x", "headers": {}, "deadline": 2**42, "published_at": 0}  # fmt: skip
+
+    async def stream(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_bytes(msgpack.packb({"type": "delivery", "delivery": delivery}))
+        async for _ in ws:  # the ack frame: "applied", then the connection is lost
+            break
+        await ws.close()
+        return ws
+
+    async def ack(request: web.Request) -> web.Response:
+        return web.json_response(stale)
+
+    app = web.Application()
+    app.router.add_get("/topics/t/groups/g/stream", stream)
+    app.router.add_post("/ack", ack)
+    srv = TestServer(app, host="127.0.0.1")
+    await srv.start_server()
+    try:
+        async with AsyncClient(f"http://127.0.0.1:{srv.port}", timeout=3.0) as c:
+            async for msg in c.consume("t", "g", stream=True):
+                with pytest.raises(UnknownOutcome):
+                    await msg.ack()
+                break
+    finally:
+        await srv.close()
+
+
+async def test_acks_given_to_a_stream_that_closes_before_sending_go_over_http() -> None:
+    class ClosedSocket:
+        closed, close_code = True, 1000
+
+        def __aiter__(self) -> ClosedSocket:
+            return self
+
+        async def __anext__(self) -> Any:
+            raise StopAsyncIteration
+
+    unsent: list[list[str]] = []
+    st = _Stream(ClosedSocket(), "http://x", unsent.append)  # type: ignore[arg-type]
+    st.ack_later("r1")
+    st.ack_later("r2")
+    await asyncio.sleep(0.01)
+    assert unsent == [["r1", "r2"]]

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 from urllib.parse import urljoin
@@ -52,13 +52,19 @@ class AsyncMessage(Delivery):
 
     async def _do(self, op: str, **extra: Any) -> Any:
         req = rq.settle(op, [self.receipt], **extra)
+        maybe_applied = False
         if self._stream is not None and self._stream.open:
-            # A closed stream or a node that lost the leadership did not apply it: use HTTP.
-            with contextlib.suppress(_StreamClosed, Unavailable):
-                res = await self._stream.call(op, req.body)
+            try:
+                res = await self._stream.call(op, req.body, self._client.timeout)
+            except _StreamClosed as e:  # if the frame went out, it may have been applied
+                maybe_applied = e.sent
+            except Unavailable:  # the node lost the leadership: not applied
+                pass
+            else:
                 core.raise_receipt_errors(res, 1)
                 return res
-        return await self._client._settle(req)
+        # Over HTTP instead (which finds the leader).
+        return await self._client._settle(req, maybe_applied)
 
     async def ack(self) -> None:
         """Acknowledge; returns once the ack is committed (raises ``ReceiptStale`` if the
@@ -89,16 +95,24 @@ class AsyncMessage(Delivery):
 
 
 class _StreamClosed(Exception):
-    pass
+    def __init__(self, sent: bool) -> None:
+        super().__init__("the stream closed" if sent else "the stream closed before sending")
+        self.sent = sent  # the frame went out: the server may have applied it
 
 
 class _Stream:
     """One WebSocket stream: a reader task routes deliveries to a queue and results to the
     futures of the settle calls waiting for them."""
 
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse, url: str) -> None:
+    def __init__(
+        self,
+        ws: aiohttp.ClientWebSocketResponse,
+        url: str,
+        unsent_acks: Callable[[list[str]], None],
+    ) -> None:
         self.ws = ws
         self.url = url
+        self._unsent_acks = unsent_acks  # acks given while it was open, left when it closed
         self.deliveries: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._ids = 0
@@ -136,7 +150,7 @@ class _Stream:
             self.close_code = self.ws.close_code
             for fut in self._calls.values():
                 if not fut.done():
-                    fut.set_exception(_StreamClosed())
+                    fut.set_exception(_StreamClosed(sent=True))
             self._calls.clear()
             self.deliveries.put_nowait(None)
 
@@ -147,14 +161,16 @@ class _Stream:
 
     def _flush_acks(self) -> None:
         receipts, self._acks = self._acks, []
-        if receipts and self.open:
+        if receipts and not self.open:
+            self._unsent_acks(receipts)  # over HTTP instead of a redelivery
+        elif receipts:
             frame = msgpack.packb({"id": None, "op": "ack", "receipts": receipts})
             task = asyncio.ensure_future(self.ws.send_bytes(frame))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
             task.add_done_callback(_ignore_result)
 
-    async def call(self, op: str, body: dict[str, Any]) -> Any:
+    async def call(self, op: str, body: dict[str, Any], timeout: float) -> Any:
         self._ids += 1
         fid = self._ids
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -163,8 +179,13 @@ class _Stream:
             await self.ws.send_bytes(msgpack.packb({"id": fid, "op": op, **body}))
         except (ConnectionError, RuntimeError) as e:
             self._calls.pop(fid, None)
-            raise _StreamClosed() from e
-        return await fut
+            raise _StreamClosed(sent=False) from e
+        try:
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
+            self._calls.pop(fid, None)
+            raise _StreamClosed(sent=True) from None
 
     async def close(self) -> None:
         self._flush_acks()  # acks given before leaving the loop go out before the close
@@ -547,7 +568,7 @@ class AsyncClient:
                     max(0.05, min(end - time.monotonic(), self.attempt_timeout))
                 ):
                     ws = await self._http().ws_connect(url + p, heartbeat=10.0, max_msg_size=0)
-                return _Stream(ws, url)
+                return _Stream(ws, url, self._ack_all_later)
             except aiohttp.WSServerHandshakeError as e:
                 location = e.headers.get("Location") if e.headers else None
                 if e.status in (301, 302, 307, 308) and location:
@@ -585,10 +606,16 @@ class AsyncClient:
     async def term(self, receipts: Sequence[str], reason: str = "terminated") -> Any:
         return await self._settle(rq.settle("term", receipts, reason=reason))
 
-    async def _settle(self, req: core.Request) -> Any:
+    async def _settle(self, req: core.Request, maybe_applied: bool = False) -> Any:
         res = await self.request(req)
+        if maybe_applied:  # sent once over a stream that closed before answering
+            res = core.after_retry(req, res, UnknownOutcome("sent over a stream that closed"))
         core.raise_receipt_errors(res, len(req.body["receipts"]))
         return res
+
+    def _ack_all_later(self, receipts: list[str]) -> None:
+        for r in receipts:
+            self._ack_later(r)
 
     def _ack_later(self, receipt: str) -> None:
         if not self._pending_acks:
