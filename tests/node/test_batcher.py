@@ -99,3 +99,22 @@ async def test_a_refused_batch_fails_every_request_in_it() -> None:
     finally:
         await b.stop()
     assert all(isinstance(r, QueueFull) for r in results)
+
+
+async def test_a_request_cancelled_while_its_batch_is_split_is_never_proposed() -> None:
+    # The batch is refused as a whole; its first half goes alone. A request of the second
+    # half cancelled meanwhile (its client went away, and its consumer is being released)
+    # must not be proposed after that: it would apply after the release.
+    fake = FakePropose(delay=0.1, max_cmds=1)
+    b = Batcher(fake, max_inflight=1, splittable=lambda e: isinstance(e, EntryTooLarge))
+    b.start()
+    try:
+        first = asyncio.ensure_future(b.submit({"n": 1}))
+        second = asyncio.ensure_future(b.submit({"n": 2}))
+        await asyncio.sleep(0.05)  # both in one batch, refused, the first half in flight
+        second.cancel()
+        assert (await first)["echo"] == 1
+        await asyncio.sleep(0.2)
+    finally:
+        await b.stop()
+    assert [[c["n"] for c in batch] for batch in fake.batches] == [[1]]

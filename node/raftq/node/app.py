@@ -201,6 +201,7 @@ class Api:
         self._background: set[asyncio.Task[Any]] = set()
         # consumer id -> number of open connections holding it (long polls, streams)
         self.held_consumers: dict[str, int] = {}
+        self.stream_consumers: set[str] = set()  # the streams' own (ids unique per stream)
         self.started = time.monotonic()
         # long polls waiting for something deliverable, per (topic, group)
         self._waiters: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
@@ -325,10 +326,12 @@ class Api:
         return self.read(fn)
 
     @contextlib.contextmanager
-    def hold_consumer(self, consumer: str) -> Iterator[None]:
+    def hold_consumer(self, consumer: str, stream: bool = False) -> Iterator[None]:
         """Mark a consumer id as owned by an open connection; at shutdown, whatever is still
         held is released (so its deliveries go back at once instead of timing out)."""
         self.held_consumers[consumer] = self.held_consumers.get(consumer, 0) + 1
+        if stream:
+            self.stream_consumers.add(consumer)
         try:
             yield
         finally:
@@ -337,6 +340,8 @@ class Api:
                 self.held_consumers[consumer] = n
             else:
                 del self.held_consumers[consumer]
+            if stream:
+                self.stream_consumers.discard(consumer)
 
     async def release(self, consumer: str) -> None:
         """Give back a consumer's deliveries now (here, or at the leader if it moved)."""
@@ -364,9 +369,11 @@ class Api:
             await ticker
         for consumer in list(self.held_consumers):
             self.spawn(self.release(consumer))
+        # Releases and group commit share one bound (server.DRAIN_S).
+        drain_end = time.monotonic() + self.settings.propose_timeout + 1
         if self._background:
             await asyncio.wait(set(self._background), timeout=self.settings.propose_timeout + 1)
-        await self.batcher.stop()
+        await self.batcher.stop(max(0.0, drain_end - time.monotonic()))
         await self.session.close()
 
     async def on_shutdown(self, app: web.Application) -> None:
@@ -382,8 +389,9 @@ class Api:
         if not self._streams:
             return
         # Give back what the still-open streams hold first: a cancelled handler's own cleanup
-        # may itself be cut short.
-        for consumer in list(self.held_consumers):
+        # may itself be cut short. (Not long polls' consumers: a release applied before their
+        # receive would leave what it delivers held.)
+        for consumer in list(self.stream_consumers):
             self.spawn(self.release(consumer))
         for task in list(self._streams):
             task.cancel()
@@ -440,7 +448,8 @@ class Api:
             status = err.status
             return _error_response(err)
         except web.HTTPException as e:
-            if e.status < 400:
+            if e.status < 400:  # a redirect (streams on a follower)
+                status = e.status
                 raise
             code = {404: "route_not_found", 405: "method_not_allowed"}.get(e.status)
             if e.status == 413:
@@ -460,14 +469,15 @@ class Api:
             if e.close:
                 resp.force_close()
             return resp
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionError):  # the client went away
             status = 499
             raise
         except Exception:
             log.exception("internal error on %s %s", request.method, request.path)
             return _error_response(ApiError("internal", "internal error; see the node log"))
         finally:
-            self.metrics.requests.labels(request.method, route, str(status)).inc()
+            method = request.method if request.method in _METHODS else "other"
+            self.metrics.requests.labels(method, route, str(status)).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - t0)
 
     @web.middleware
@@ -549,6 +559,12 @@ class Api:
             if isinstance(consumer, str) and st.leader_api:
                 self.spawn(self._release_at(st.leader_api, consumer))
             raise
+        except ApiError as e:
+            # Lost the leader's answer (504): whatever it handed out reaches nobody; give it
+            # back, as the leader does when its own client goes away.
+            if e.code == "outcome_unknown" and isinstance(consumer, str) and st.leader_api:
+                self.spawn(self._release_at(st.leader_api, consumer))
+            raise
 
     async def _forward(self, request: web.Request, st: Any, body: bytes) -> web.Response:
         headers = {FORWARDED: self.settings.node_id}
@@ -576,7 +592,7 @@ class Api:
                 retry_after=self.settings.retry_after,
             ) from None
         except (aiohttp.ClientError, TimeoutError):
-            if request.method == "GET":
+            if request.method in ("GET", "HEAD"):
                 raise ApiError("no_leader", "the leader did not answer", retry_after=1) from None
             raise ApiError(
                 "outcome_unknown",
@@ -1041,6 +1057,7 @@ def _maybe_ready(b: Broker, topic: str, group: str) -> bool:
 
 
 _INT_TEXT = re.compile(r"-?[0-9]{1,19}")
+_METHODS = frozenset(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])  # (labels)
 
 
 def _query_int(value: str | None, field: str, default: int | None) -> int | None:

@@ -55,14 +55,17 @@ class Batcher:
     def start(self) -> None:
         self._runner = asyncio.get_running_loop().create_task(self._run())
 
-    async def stop(self) -> None:
-        """Stop taking new batches; wait (bounded by the propose timeout) for those in flight."""
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop taking new batches; wait (by default bounded by the propose timeout) for those
+        in flight."""
         if self._runner is not None:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
         if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=self.timeout + 1)
+            await asyncio.wait(
+                set(self._tasks), timeout=self.timeout + 1 if timeout is None else timeout
+            )
         while self._queue:
             _, _, fut = self._queue.popleft()
             if not fut.done():
@@ -118,6 +121,12 @@ class Batcher:
     async def _send(
         self, batch: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]]
     ) -> None:
+        # A half retried after a split may hold requests cancelled meanwhile: leave them out
+        # (not proposed, so "not done"), or one could apply after what its cancellation did
+        # (a receive after the release of its consumer).
+        batch = [(cmd, fut) for cmd, fut in batch if not fut.done()]
+        if not batch:
+            return
         commands = [cmd for cmd, _ in batch]
         t0 = time.perf_counter()
         try:

@@ -22,6 +22,17 @@ from raftq.node.raftapi import Raft
 
 log = logging.getLogger("raftq.node")
 
+# The shutdown's one budget (``shutdown_timeout``), spent in order: handlers finish (aiohttp may
+# wait its grace twice: before and after cancelling them), the app drains (releases, group
+# commit: ``DRAIN_S``), leadership moves (``TRANSFER_S``), Raft stops (``RAFT_STOP_S``, always).
+DRAIN_S = 6.0  # NodeSettings.propose_timeout + 1
+TRANSFER_S = 3.0
+RAFT_STOP_S = 2.0
+
+
+def handler_grace(total: float) -> float:
+    return max(0.5, (total - DRAIN_S - TRANSFER_S - RAFT_STOP_S) / 2)
+
 
 @dataclass(frozen=True)
 class NodeOptions:
@@ -102,7 +113,7 @@ async def serve(
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
-        shutdown_timeout=max(1.0, opts.shutdown_timeout - 5),
+        shutdown_timeout=handler_grace(opts.shutdown_timeout),
         access_log=None,
     )
     await runner.setup()
@@ -121,24 +132,36 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("node %s: shutting down", opts.node_id)
-    code = 0
-    try:
-        await asyncio.wait_for(_shutdown(runner, raft), opts.shutdown_timeout)
-    except TimeoutError:
-        log.error("node %s: shutdown took longer than %.0f s", opts.node_id, opts.shutdown_timeout)
-        code = 1
+    code = 0 if await _shutdown(runner, raft, opts.shutdown_timeout) else 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)
     log.info("node %s: stopped", opts.node_id)
     return code
 
 
-async def _shutdown(runner: web.AppRunner, raft: Any) -> None:
-    await runner.cleanup()  # stop accepting, drain handlers, release held consumers
-    if raft.is_leader():
+async def _shutdown(runner: web.AppRunner, raft: Any, budget: float) -> bool:
+    """Each step within what is left of one deadline; Raft is stopped whatever happened
+    before. True if every step finished in time."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + budget
+    clean = True
+    try:
+        try:  # stop accepting, drain handlers, release held consumers, drain group commit
+            await asyncio.wait_for(runner.cleanup(), max(0.1, end - RAFT_STOP_S - loop.time()))
+        except TimeoutError:
+            log.error("draining the API took longer than its share of %.0f s", budget)
+            clean = False
+        left = end - RAFT_STOP_S - loop.time()
+        if raft.is_leader() and left > 0.2:
+            try:
+                moved = await raft.transfer_leadership(timeout=min(TRANSFER_S, left))
+                log.info("leadership transfer %s", "done" if moved else "not confirmed")
+            except Exception as e:
+                log.warning("leadership transfer failed: %r", e)
+    finally:
         try:
-            moved = await raft.transfer_leadership(timeout=3.0)
-            log.info("leadership transfer %s", "done" if moved else "not confirmed")
-        except Exception as e:
-            log.warning("leadership transfer failed: %r", e)
-    await raft.stop()
+            await asyncio.wait_for(raft.stop(), max(1.0, end - loop.time()))
+        except TimeoutError:
+            log.error("Raft did not stop within the shutdown timeout (%.0f s)", budget)
+            clean = False
+    return clean

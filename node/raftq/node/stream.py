@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 MAX_PREFETCH = 1000
 QUERY = frozenset(["prefetch", "visibility", "format", "batch"])
+LEADER_CHECK_S = 1.0  # an idle stream on a node that lost the leadership ends within this
 SEND_TIMEOUT = 30.0  # a client that reads nothing for this long is cut off (its deliveries return)
 CLOSE_LEADER_CHANGED = 4001
 SETTLE_OPS = {"ack": (), "nack": ("delay",), "extend": ("seconds",), "term": ("reason",)}
@@ -234,10 +235,12 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
 
     reader = asyncio.ensure_future(read_loop())
     close_code, close_msg = 1000, b"done"
-    with api.hold_consumer(consumer):
+    with api.hold_consumer(consumer, stream=True):
         try:
             loop = asyncio.get_running_loop()
             while not ws.closed and not reader.done() and not api.draining.is_set():
+                if not api.raft.is_leader():  # looked at least every LEADER_CHECK_S, idle or not
+                    raise LeaderLost()
                 now_ms = time.time() * 1000
                 for r in [r for r, d in outstanding.items() if d <= now_ms]:
                     del outstanding[r]
@@ -246,16 +249,18 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                     credit.clear()
                     soonest = min(outstanding.values()) / 1000 - time.time()
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(credit.wait(), timeout=max(0.05, soonest))
+                        await asyncio.wait_for(
+                            credit.wait(), timeout=min(LEADER_CHECK_S, max(0.05, soonest))
+                        )
                     continue
                 # Propose a receive only when one may deliver (a cheap read): an empty receive
                 # costs a commit round, and a publish applied meanwhile would wait for it.
-                if not await api._wait_deliverable(topic, group, loop.time() + 5.0):
+                if not await api._wait_deliverable(topic, group, loop.time() + LEADER_CHECK_S):
                     continue
                 res = await api.call({**receive, "max": room, "token": secrets.token_bytes(16)})
                 deliveries = res["deliveries"]
                 if not deliveries:
-                    await api._wait_deliverable(topic, group, loop.time() + 5.0)
+                    await api._wait_deliverable(topic, group, loop.time() + LEADER_CHECK_S)
                     continue
                 for d in deliveries:
                     outstanding[d["receipt"]] = d["deadline"]
