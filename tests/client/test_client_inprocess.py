@@ -253,5 +253,11 @@ async def test_cli_commands_tables_json_and_exit_codes(server: tuple[LocalRaft, 
         assert err.startswith("raftq: topic_not_found") and "Traceback" not in err
         code, _, err = run_cli("topic", "list", "--url", "http://127.0.0.1:1", "--timeout", "0.5")
         assert code == EXIT_UNAVAILABLE and err.count("\n") == 1
+        # options before the payload, as one would write it
+        code, out, _ = run_cli("publish", topic, "--key", "k1", "keyed", "--url", url)
+        assert code == EXIT_OK and "seq 3" in out
+        with pytest.raises(SystemExit) as usage:
+            run_cli("publish", topic, "--nope", "x", "--url", url)
+        assert usage.value.code == 2
 
     await asyncio.to_thread(work)

@@ -41,8 +41,33 @@ def test_node_refuses_to_start_without_id_or_secret(
         main(["node", "--id", "n1"])
     assert "--secret" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["node", "--id", "n1", "--secret", "s", "--peers", "n2=oops"])
+        main(["node", "--id", "n1", "--secret", "s", "--in-memory", "--peers", "n2=oops"])
     assert "peer must be" in capsys.readouterr().err
+
+
+def test_bad_environment_values_and_a_missing_data_dir_are_usage_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for var in ("RAFTQ_DATA_DIR", "RAFTQ_IN_MEMORY"):
+        monkeypatch.delenv(var, raising=False)
+    base = ["node", "--id", "n1", "--secret", "s"]
+    with pytest.raises(SystemExit) as e:
+        main(base)  # would keep everything in memory, silently
+    assert e.value.code == 2 and "--data-dir" in capsys.readouterr().err
+    for var, value, says in (
+        ("RAFTQ_FSYNC", "yes", "--fsync"),
+        ("RAFTQ_MAX_BODY", "8MiB", "--max-body"),
+        ("RAFTQ_LOG_LEVEL", "verbose", "--log-level"),
+        ("RAFTQ_SHUTDOWN_TIMEOUT", "soon", "--shutdown-timeout"),
+    ):
+        with monkeypatch.context() as m:
+            m.setenv(var, value)
+            with pytest.raises(SystemExit) as e:
+                main([*base, "--in-memory"])
+            err = capsys.readouterr().err
+            assert e.value.code == 2 and says in err and "Traceback" not in err, err
+    monkeypatch.setenv("RAFTQ_SHUTDOWN_TIMEOUT", "3")
+    assert build_parser().parse_args(["node"]).shutdown_timeout == 3.0
 
 
 def test_environment_variables_fill_in_node_options(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,4 +162,7 @@ def test_cluster_up_fails_fast_when_a_node_cannot_start(tmp_path: Path) -> None:
             capture_output=True, timeout=60,
         )  # fmt: skip
     assert proc.returncode == 1
-    assert b"exited with" in proc.stderr and b"no leader" in proc.stderr
+    # Refused before starting anything: else the wait for a leader could find another
+    # cluster's leader on those ports (the same --dir started twice) and report "up".
+    assert b"already in use" in proc.stderr
+    assert not list((tmp_path / ".raftq").glob("n1/node.log"))

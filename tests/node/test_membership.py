@@ -59,5 +59,16 @@ def test_membership_input_errors_are_4xx(tmp_path: Path) -> None:
             with pytest.raises(Conflict) as info:
                 cl.remove_member("n9")
             assert info.value.status == 409
+            n2 = c.nodes["n2"]
+            # An id that is a member already (at another Raft address), or a Raft address
+            # that is: refused, not a fourth member in disguise (which cost the majority).
+            with pytest.raises(Conflict, match="is a member already"):
+                cl.add_member("n2", "127.0.0.1:1", n2.api)
+            with pytest.raises(Conflict, match="is a member already"):
+                cl.add_member("n7", n2.raft, n2.api)
+            # A node that is not running: refused before it counts toward the majority.
+            with pytest.raises(Conflict, match="start it first"):
+                cl.add_member("n8", "127.0.0.1:1", "127.0.0.1:1")
+            assert sorted(cl.cluster()["members"]) == ["n1", "n2", "n3"]
     finally:
         c.close()

@@ -303,6 +303,32 @@ class _FailingDisk(OsDisk):
         return _FailingFile(super().open(path), self.armed)
 
 
+async def test_a_second_node_on_the_same_data_dir_refuses_to_start(tmp_path: Path) -> None:
+    # Opening the journal truncates its torn tail and zero-fills ahead: done by a second
+    # process while the first appended, it corrupted the first's journal.
+    ns = Nodes(tmp_path, 1)
+    first = ns.start("n1")
+    try:
+        await ns.leader()
+        await first.propose([{"op": "create_topic", "topic": "t"}])
+        journal = tmp_path / "n1" / "journal.log"
+        before = journal.read_bytes()
+        cfg = ns.config("n1")
+        other = RaftConfig(cfg.node_id, f"127.0.0.1:{free_ports(1)[0]}", cfg.api_addr,
+                           cfg.peers, cfg.data_dir, "secret")  # fmt: skip
+        with pytest.raises(RaftError, match="in use by another raftq node"):
+            RaftNode(other).start()
+        assert journal.read_bytes() == before  # untouched
+    finally:
+        await ns.close()
+    again = ns.start("n1")  # released at stop
+    try:
+        await ns.leader()
+        assert again.read(lambda b: b.list_topics()) == ["t"]
+    finally:
+        await ns.close()
+
+
 async def test_a_failed_fsync_stops_the_node_and_never_acknowledges(tmp_path: Path) -> None:
     ns = Nodes(tmp_path, 1)
     disk = _FailingDisk()

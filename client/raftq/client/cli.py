@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from raftq.client._sync import Client
-from raftq.client.errors import RaftqError, Unavailable
+from raftq.client.errors import RaftqError, TopicNotFound, Unavailable
 
 DEFAULT_URLS = "http://127.0.0.1:8001,http://127.0.0.1:8002,http://127.0.0.1:8003"
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -103,6 +103,8 @@ def register(sub: Any) -> None:
     p.add_argument("--key", help="idempotency key (single message only)")
     p.add_argument("--delay", type=float, help="seconds before the message becomes available")
     p.add_argument("--batch", type=int, default=100, help="messages per request from stdin")
+    # ``publish t --key k hello``: argparse gives the payload after an option back unparsed
+    p.set_defaults(extra_positionals="messages")
 
     p = cmd(sub, "consume", _consume, "receive messages, print and acknowledge them")
     p.add_argument("topic")
@@ -255,7 +257,7 @@ def _topic_list(args: argparse.Namespace, c: Client) -> int:
     for n in names:
         try:
             s = c.topic(n)
-        except RaftqError:
+        except TopicNotFound:  # deleted since the list was read
             continue
         rows.append([n, s.get("messages"), s.get("bytes"), len(s.get("groups", []))])
     cols = ["topic", "messages", "bytes", "groups"]

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import hashlib
 import hmac
@@ -698,6 +699,7 @@ class RaftNode:
         self._snaps: _Snapshots | None = None
         self._commit_mark: CommitMark | None = None
         self._commit_marked_at = 0.0
+        self._dir_lock: int | None = None  # fd holding data_dir/LOCK
         self._notifier: Any = None
         self._func: Any = None
         self._orig_send: Any = None
@@ -734,11 +736,18 @@ class RaftNode:
         journal_path = meta_path = snap_path = None
         if cfg.data_dir is not None:
             os.makedirs(cfg.data_dir, exist_ok=True)
+            # Before anything touches the files: a second process on the same directory
+            # truncated and zero-filled the running node's journal while it appended.
+            self._dir_lock = _lock_data_dir(cfg.data_dir)
             journal_path = os.path.join(cfg.data_dir, "journal.log")
             meta_path = os.path.join(cfg.data_dir, "meta.bin")
             snap_path = os.path.join(cfg.data_dir, "snapshot.bin")
-            meta = MetaStore(self._disk, meta_path, self.fsync)
-            journal = Journal(self._disk, journal_path, meta, self.fsync)
+            try:
+                meta = MetaStore(self._disk, meta_path, self.fsync)
+                journal = Journal(self._disk, journal_path, meta, self.fsync)
+            except BaseException:
+                self._unlock_dir()
+                raise
             self._commit_mark = CommitMark(self._disk, os.path.join(cfg.data_dir, "commit.bin"))
             disk: Disk | None = self._disk
         else:
@@ -772,6 +781,7 @@ class RaftNode:
             b = _Binding(self, _node(cfg.raft_addr, cfg.node_id, cfg.api_addr), others, conf)
         except Exception as e:
             journal._destroy()
+            self._unlock_dir()
             raise RaftError(f"cannot start Raft on {cfg.raft_addr}: {e!r}") from e
         self._b = b
         # Our journal and serializer replace the ones pysyncobj built (before any tick ran).
@@ -941,7 +951,13 @@ class RaftNode:
                 self._b._doDestroy()
             except Exception:
                 log.exception("closing raft failed")
+            self._unlock_dir()
         self._fail_all()
+
+    def _unlock_dir(self) -> None:
+        fd, self._dir_lock = self._dir_lock, None
+        if fd is not None:
+            os.close(fd)  # (a snapshot writer still running holds it until it exits)
 
     def _tick(self, block: bool = True) -> float:
         """One pysyncobj tick and our flush after it; returns how long the next may wait."""
@@ -2178,6 +2194,13 @@ class RaftNode:
     async def add_member(
         self, node_id: str, raft_addr: str, api_addr: str, timeout: float = 10.0
     ) -> None:
+        self._check_running()
+        for nid, m in self.status().members.items():
+            if nid == node_id or m["raft"] == raft_addr:
+                raise RaftError(
+                    f"cannot add {node_id} at {raft_addr}: {nid} at {m['raft']} is a member"
+                    " already (remove it first to replace it)"
+                )
         self._info[raft_addr] = (node_id, api_addr)
         await self._membership("add", _node(raft_addr, node_id, api_addr), timeout)
 
@@ -2289,6 +2312,20 @@ class _Wait:
                 self._fired.add(fd)
                 ready.append((fd, ev))
         return ready
+
+
+def _lock_data_dir(path: str) -> int:
+    """Hold ``path/LOCK`` (flock) for as long as the node runs, or refuse to start."""
+    fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise RaftError(
+            f"data directory {path} is in use by another raftq node (its LOCK file is held);"
+            " not starting"
+        ) from None
+    return fd
 
 
 def _bin_header(size: int) -> bytes:

@@ -901,6 +901,15 @@ class Api:
                     " 1-65535)",
                     {"field": field},
                 )
+        if not await self._probe(body["api"], timeout=2.0):
+            # A member that is not running counts toward the majority all the same: in a
+            # cluster of three, adding it and then losing one node stops all writes.
+            raise ApiError(
+                "membership_refused",
+                f"{node_id} does not answer at http://{body['api']}/healthz; start it first"
+                " (with every member as a peer), then add it",
+                {"api": body["api"]},
+            )
         await self._membership(self.raft.add_member(node_id, body["raft"], body["api"]))
         return codec.respond(request, {"added": node_id, "members": self._member_ids()})
 
@@ -954,12 +963,12 @@ class Api:
             body["digest"] = self.raft.read(lambda b: b.digest())
         return codec.respond(request, body)
 
-    async def _probe(self, api: str | None) -> bool:
+    async def _probe(self, api: str | None, timeout: float = 0.5) -> bool:
         if not api or self.session is None:
             return False
         try:
             async with self.session.get(
-                f"http://{api}/healthz", timeout=aiohttp.ClientTimeout(total=0.5)
+                f"http://{api}/healthz", timeout=aiohttp.ClientTimeout(total=timeout)
             ) as r:
                 return r.status == 200
         except (aiohttp.ClientError, TimeoutError):

@@ -2,9 +2,11 @@
 dev cluster). Client subcommands are added by ``raftq.client.cli.register`` when installed.
 
 Every ``raftq node`` option has an environment variable (``RAFTQ_ID``, ``RAFTQ_LISTEN``,
-``RAFTQ_RAFT``, ``RAFTQ_PEERS``, ``RAFTQ_DATA_DIR``, ``RAFTQ_SECRET``, ``RAFTQ_INSECURE``,
-``RAFTQ_FSYNC``, ``RAFTQ_MAX_BODY``); a flag wins over the variable. Peers are
-``id=raft_host:port/api_host:port`` separated by commas.
+``RAFTQ_RAFT``, ``RAFTQ_PEERS``, ``RAFTQ_DATA_DIR``, ``RAFTQ_IN_MEMORY``, ``RAFTQ_SECRET``,
+``RAFTQ_INSECURE``, ``RAFTQ_FSYNC``, ``RAFTQ_MAX_BODY``, ``RAFTQ_SHUTDOWN_TIMEOUT``...: the
+flag's name in capitals); a flag wins over the variable. Peers are
+``id=raft_host:port/api_host:port`` separated by commas. A node needs ``--data-dir`` unless
+it is told ``--in-memory`` (nothing survives a restart: tests and demos only).
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--data-dir", default=_env("DATA_DIR"), help="journal and snapshots [RAFTQ_DATA_DIR]"
     )
     p.add_argument(
+        "--in-memory",
+        action="store_true",
+        default=_truthy(_env("IN_MEMORY")),
+        help="keep nothing on disk: a restart starts empty (tests, demos) [RAFTQ_IN_MEMORY]",
+    )
+    p.add_argument(
         "--secret",
         default=_env("SECRET"),
         help="shared cluster secret [RAFTQ_SECRET]; prefer the variable",
@@ -73,28 +81,32 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--max-body",
         type=int,
-        default=int(_env("MAX_BODY", str(8 << 20)) or 0),
+        default=_env("MAX_BODY", str(8 << 20)),  # (argparse converts, and reports errors)
         help="largest request body in bytes [RAFTQ_MAX_BODY] (default 8 MiB)",
     )
     p.add_argument(
         "--max-inflight",
         type=int,
-        default=int(_env("MAX_INFLIGHT", "4") or 4),
+        default=_env("MAX_INFLIGHT", "4"),
         help="Raft proposes in flight at once, pipelining [RAFTQ_MAX_INFLIGHT] (default 4)",
     )
     p.add_argument(
         "--batch-linger-ms",
         type=float,
-        default=float(_env("BATCH_LINGER_MS", "1") or 1),
+        default=_env("BATCH_LINGER_MS", "1"),
         help="group-commit gathering time in ms [RAFTQ_BATCH_LINGER_MS] (default 1)",
     )
     p.add_argument(
         "--shutdown-timeout",
         type=float,
-        default=15.0,
-        help="bound on graceful shutdown, seconds (default 15)",
+        default=_env("SHUTDOWN_TIMEOUT", "15"),
+        help="bound on graceful shutdown, seconds [RAFTQ_SHUTDOWN_TIMEOUT] (default 15)",
     )
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    p.add_argument(
+        "--log-level",
+        default=_env("LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING or ERROR [RAFTQ_LOG_LEVEL] (default INFO)",
+    )
     p.set_defaults(func=_run_node, parser=p)
 
 
@@ -106,6 +118,26 @@ def _run_node(args: argparse.Namespace) -> int:
         parser.error("--id (or RAFTQ_ID) is required")
     if not args.secret and not args.insecure:
         parser.error("--secret (or RAFTQ_SECRET) is required unless --insecure")
+    if not args.data_dir and not args.in_memory:
+        parser.error(
+            "--data-dir (or RAFTQ_DATA_DIR) is required; --in-memory keeps nothing on disk"
+            " (a restart starts empty)"
+        )
+    if args.data_dir and args.in_memory:
+        parser.error("--data-dir and --in-memory exclude each other")
+    # (argparse checks choices for flags, not for defaults taken from the environment)
+    if args.fsync not in ("always", "never"):
+        parser.error(f"--fsync (or RAFTQ_FSYNC) must be always or never, not {args.fsync!r}")
+    if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        parser.error(f"--log-level (or RAFTQ_LOG_LEVEL): unknown level {args.log_level!r}")
+    for flag, value, lo in (
+        ("--max-body", args.max_body, 1),
+        ("--max-inflight", args.max_inflight, 1),
+        ("--batch-linger-ms", args.batch_linger_ms, 0),
+        ("--shutdown-timeout", args.shutdown_timeout, 1),
+    ):
+        if not lo <= value < float("inf"):
+            parser.error(f"{flag} must be at least {lo}, not {value}")
     try:
         split_hostport(args.listen, "--listen")
         split_hostport(args.raft, "--raft")
@@ -183,7 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    target = getattr(args, "extra_positionals", None)
+    if extra and target and not any(x.startswith("-") for x in extra):
+        getattr(args, target).extend(extra)  # positionals given after an option
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     code: int = args.func(args)
     return code
 

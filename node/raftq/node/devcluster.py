@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,6 +33,13 @@ def _layout(base: Path, nodes: int, api_port: int, raft_port: int) -> list[dict[
                 f"{base} holds a {len(layout)}-node cluster; pass --nodes {len(layout)} "
                 f"or use another --dir"
             )
+        first = (layout[0]["api"], layout[0]["raft"])
+        if first != (f"127.0.0.1:{api_port}", f"127.0.0.1:{raft_port}"):
+            print(
+                f"note: {base} keeps the ports it was created with (API from {first[0]},"
+                f" Raft from {first[1]}); --api-port/--raft-port apply to a new --dir",
+                file=sys.stderr,
+            )
         return layout
     layout = [
         {
@@ -43,6 +51,22 @@ def _layout(base: Path, nodes: int, api_port: int, raft_port: int) -> list[dict[
     ]
     path.write_text(json.dumps({"nodes": layout}, indent=2))
     return layout
+
+
+def _busy(layout: list[dict[str, str]]) -> list[str]:
+    """Addresses of the layout something already listens on (another cluster on this dir?)."""
+    busy = []
+    for n in layout:
+        for addr in (n["api"], n["raft"]):
+            host, _, port = addr.rpartition(":")
+            with socket.socket() as s:
+                # (as the nodes bind: a port left in TIME_WAIT by the last run is free)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((host, int(port)))
+                except OSError:
+                    busy.append(addr)
+    return busy
 
 
 def _secret(base: Path) -> str:
@@ -97,6 +121,14 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
     base = Path(directory).resolve()
     base.mkdir(parents=True, exist_ok=True)
     layout = _layout(base, nodes, api_port, raft_port)
+    busy = _busy(layout)
+    if busy:
+        # Else the wait below could find another cluster's leader there and report "up".
+        print(
+            f"cannot start: {', '.join(busy)} already in use (is this cluster already up?)",
+            file=sys.stderr,
+        )
+        return 1
     env = dict(os.environ, RAFTQ_SECRET=_secret(base))
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
@@ -160,6 +192,9 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
                 if p.poll() is not None and not getattr(p, "_reported", False):
                     print(f"node {nid} exited with {p.returncode}", file=sys.stderr)
                     p._reported = True  # type: ignore[attr-defined]
+            if all(p.poll() is not None for p in procs.values()):
+                print(f"every node exited; see the logs under {base}/n*/node.log", file=sys.stderr)
+                return 1
             time.sleep(0.2)
     finally:
         code = stop_all(procs)
