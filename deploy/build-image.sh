@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
 tag="${1:-raftq:dev}"
 py="${PYTHON:-python3}"
 [ -x .venv/bin/python ] && py=.venv/bin/python
+# The wheels are built here for the image's interpreter: they must match it.
+if ! "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) or sys.platform != "linux")'; then
+  echo "build-image.sh: needs Python 3.11 on Linux (the image's) to build its wheels;" \
+       "set PYTHON=python3.11" >&2
+  exit 1
+fi
 ctx="$(mktemp -d)"
 trap 'rm -rf "$ctx"' EXIT
 "$py" -m pip wheel --quiet --wheel-dir "$ctx/wheels" .

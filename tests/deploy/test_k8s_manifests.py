@@ -97,8 +97,13 @@ def test_peers_name_every_replica_by_its_stable_dns_name(docs: dict[str, Any]) -
 
 
 def test_secret_and_volume_references_resolve(docs: dict[str, Any]) -> None:
+    # The secret comes from a file the operator creates (never a committed placeholder).
     ref = env(docs)["RAFTQ_SECRET"]["secretKeyRef"]
-    assert ref["key"] in docs[f"Secret/{ref['name']}"]["stringData"]
+    kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    [gen] = kust["secretGenerator"]
+    assert gen["name"] == ref["name"] and kust["generatorOptions"]["disableNameSuffixHash"]
+    assert gen["envs"] == ["secret.env"] and not (K8S / "secret.env").exists()
+    assert ref["key"] == "secret"
     mounts = {m["name"]: m["mountPath"] for m in container(docs)["volumeMounts"]}
     claims = [
         c["metadata"]["name"] for c in docs["StatefulSet/raftq"]["spec"]["volumeClaimTemplates"]
@@ -115,6 +120,11 @@ def test_probes_hit_routes_the_node_serves(docs: dict[str, Any]) -> None:
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" in paths
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" in paths
     assert c["readinessProbe"]["httpGet"]["port"] == "http"
+    # liveness waits for startup: a large restart replays before the API answers
+    assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
+    startup = c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"]
+    assert startup >= 120
+    assert docs["StatefulSet/raftq"]["spec"]["updateStrategy"]["type"] == "OnDelete"
     assert "preStop" in c["lifecycle"]
     grace = docs["StatefulSet/raftq"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace >= 20  # the node's graceful shutdown bound fits inside it

@@ -53,7 +53,7 @@ class NodeOptions:
 
 def split_hostport(value: str, what: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"{what} must be host:port, got {value!r}")
     return host, int(port)
 
@@ -126,6 +126,14 @@ async def serve(
         await raft.stop()
         return 1
     log.info("node %s: API on http://%s, Raft on %s", opts.node_id, opts.listen, opts.raft)
+    advertised = split_hostport(opts.advertise or opts.listen, "--advertise")[0]
+    if advertised in ("0.0.0.0", "::", "[::]", ""):
+        log.warning(
+            "node %s: advertises its API at %s, which clients and followers cannot reach; set"
+            " --advertise (RAFTQ_ADVERTISE) to an address they can",
+            opts.node_id,
+            opts.advertise or opts.listen,
+        )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
