@@ -144,3 +144,10 @@ def test_no_leader_from_a_live_node_is_polled_often() -> None:
     down = errors.error_from_body(503, {"code": "overloaded", "message": "busy"})
     delay = core.retry_delay(down, req, 10, 5.0)
     assert delay is not None and delay >= core.BACKOFF_CAP / 2
+
+
+def test_a_server_url_with_a_bad_port_is_a_usage_error_at_once() -> None:
+    for bad in ("127.0.0.1:abc", "http://h:99999", "http://:80", "ftp://h:1"):
+        with pytest.raises(ValueError, match="not a server URL"):
+            core.normalize_url(bad)
+    assert core.normalize_url("h:8001") == "http://h:8001"

@@ -238,8 +238,12 @@ def normalize_url(url: str) -> str:
     if "://" not in url:
         url = "http://" + url
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not a server URL: {url!r}")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when asked
+    except ValueError:
+        raise ValueError(f"not a server URL (bad port): {url!r}") from None
     return f"{parts.scheme}://{parts.netloc}"
 
 

@@ -349,6 +349,8 @@ def _publish(args: argparse.Namespace, c: Client) -> int:
             for m in args.messages
         ]
         return _emit(args, {"seqs": seqs}, lambda: "\n".join(f"published seq {s}" for s in seqs))
+    if args.key:
+        raise ValueError("--key takes exactly one message, given as an argument (not stdin)")
     if args.batch < 1:
         raise ValueError("--batch must be at least 1")
     progress = sys.stderr.isatty() and not args.json
