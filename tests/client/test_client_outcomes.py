@@ -306,9 +306,13 @@ async def test_close_sends_what_publish_nowait_accepted() -> None:
         await srv.close()
 
 
-async def test_a_streamed_settle_lost_with_its_socket_is_retried_over_http_as_unknown() -> None:
-    # The server applies the ack frame, then the socket dies before the answer: the HTTP retry
-    # finds the receipt stale, which must read as "unknown", not as a refusal.
+@pytest.mark.parametrize("lost", ["socket closed", "outcome_unknown frame"])
+async def test_a_streamed_settle_lost_with_its_socket_is_retried_over_http_as_unknown(
+    lost: str,
+) -> None:
+    # The server applies the ack frame, then the socket dies before the answer (or the server
+    # answers that it cannot tell): the HTTP retry finds the receipt stale, which must read
+    # as "unknown", not as a refusal.
     stale = {
         "acked": 0,
         "errors": [{"receipt": "r1", "code": "receipt_stale", "message": "no longer in flight"}],
@@ -320,7 +324,13 @@ async def test_a_streamed_settle_lost_with_its_socket_is_retried_over_http_as_un
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         await ws.send_bytes(msgpack.packb({"type": "delivery", "delivery": delivery}))
-        async for _ in ws:  # the ack frame: "applied", then the connection is lost
+        async for frame in ws:  # the ack frame: "applied", then the answer is lost
+            if lost == "outcome_unknown frame":
+                fid = msgpack.unpackb(frame.data)["id"]
+                unknown = {"type": "error", "id": fid, "code": "outcome_unknown",
+                           "message": "commit timed out", "details": {}}  # fmt: skip
+                await ws.send_bytes(msgpack.packb(unknown))
+                await asyncio.sleep(1)  # (the client has moved on to HTTP by then)
             break
         await ws.close()
         return ws

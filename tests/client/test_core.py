@@ -151,3 +151,9 @@ def test_a_server_url_with_a_bad_port_is_a_usage_error_at_once() -> None:
         with pytest.raises(ValueError, match="not a server URL"):
             core.normalize_url(bad)
     assert core.normalize_url("h:8001") == "http://h:8001"
+
+
+def test_a_server_error_is_definite_and_not_retried() -> None:
+    err = errors.error_from_body(500, {"code": "internal", "message": "see the log"})
+    assert isinstance(err, errors.ServerError) and not isinstance(err, errors.Unavailable)
+    assert core.retry_delay(err, core.Request("GET", "/x"), 0, 5) is None

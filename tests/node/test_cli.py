@@ -68,6 +68,12 @@ def test_bad_environment_values_and_a_missing_data_dir_are_usage_errors(
             assert e.value.code == 2 and says in err and "Traceback" not in err, err
     monkeypatch.setenv("RAFTQ_SHUTDOWN_TIMEOUT", "3")
     assert build_parser().parse_args(["node"]).shutdown_timeout == 3.0
+    # An explicit --in-memory wins over RAFTQ_DATA_DIR (the image sets it), as flags do.
+    monkeypatch.setenv("RAFTQ_DATA_DIR", "/data")
+    monkeypatch.setenv("RAFTQ_FSYNC", "bogus")  # stops it right after the data-dir choice
+    with pytest.raises(SystemExit):
+        main([*base, "--in-memory"])
+    assert "exclude" not in capsys.readouterr().err
 
 
 def test_environment_variables_fill_in_node_options(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -58,6 +58,8 @@ class AsyncMessage(Delivery):
                 res = await self._stream.call(op, req.body, self._client.timeout)
             except _StreamClosed as e:  # if the frame went out, it may have been applied
                 maybe_applied = e.sent
+            except UnknownOutcome:  # the server could not tell (a commit timed out)
+                maybe_applied = True
             except Unavailable:  # the node lost the leadership: not applied
                 pass
             else:
@@ -180,12 +182,13 @@ class _Stream:
         except (ConnectionError, RuntimeError) as e:
             self._calls.pop(fid, None)
             raise _StreamClosed(sent=False) from e
-        try:
-            async with asyncio.timeout(timeout):
-                return await fut
-        except TimeoutError:
+        # (not ``asyncio.timeout``: the server's own UnknownOutcome is a TimeoutError too)
+        await asyncio.wait({fut}, timeout=timeout)
+        if not fut.done():  # no answer in time: it may or may not have been applied
             self._calls.pop(fid, None)
-            raise _StreamClosed(sent=True) from None
+            fut.cancel()
+            raise _StreamClosed(sent=True)
+        return fut.result()
 
     async def close(self) -> None:
         self._flush_acks()  # acks given before leaving the loop go out before the close
@@ -249,8 +252,8 @@ class AsyncClient:
         """Release the deliveries of consume loops left open, then close the connections.
         (A loop left with ``break`` is finalized by the event loop a moment later.) Messages
         given to ``publish_nowait`` are sent first, within the client's timeout."""
-        for coalescer in list(self._coalescers.values()):
-            await coalescer.flush(self.timeout)
+        if self._coalescers:  # all together, within one timeout
+            await asyncio.gather(*(c.flush(self.timeout) for c in self._coalescers.values()))
         if self._background:
             await asyncio.wait(set(self._background), timeout=self.timeout)
         for consumer in list(self._consumers):

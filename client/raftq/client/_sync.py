@@ -132,9 +132,11 @@ class Client:
         if conn is None or sock is None:
             return
         try:
-            readable = select.select([sock], [], [], 0)[0]
+            poller = select.poll()  # (select.select fails for descriptors >= 1024)
+            poller.register(sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+            readable = poller.poll(0)
         except (OSError, ValueError):
-            readable = [sock]
+            readable = [(0, 0)]
         if readable:  # EOF, or bytes nobody asked for: either way not reusable
             conn.close()
             del self._conns[base]

@@ -21,7 +21,8 @@ class below and sets each entry of ``details`` as an attribute (``TopicFull.max_
     ├── Unavailable                     no leader / node unreachable (503); safe to retry
     │   └── RaftqTimeout (+TimeoutError) the overall deadline passed
     │       └── UnknownOutcome          the server could not tell whether it was applied
-    └── ProtocolError                   the server answered something this client cannot read
+    ├── ProtocolError                   the server answered something this client cannot read
+    └── ServerError                     internal (500): a bug on the server; not retried
 """
 
 from __future__ import annotations
@@ -122,6 +123,13 @@ class ProtocolError(RaftqError):
     code = "protocol_error"
 
 
+class ServerError(RaftqError):
+    """The server failed while handling the request (500, a bug: see its log). Not retried; a
+    write may or may not have been applied."""
+
+    code = "internal"
+
+
 def _walk(cls: type[RaftqError]) -> list[type[RaftqError]]:
     out: list[type[RaftqError]] = [cls]
     for sub in cls.__subclasses__():
@@ -145,8 +153,6 @@ BY_CODE.update(
         "route_not_found": NotFound,
         "method_not_allowed": InvalidArgument,
         "upgrade_required": InvalidArgument,
-        # The server failed while handling the request (a bug): a write may have been applied.
-        "internal": UnknownOutcome,
     }
 )
 

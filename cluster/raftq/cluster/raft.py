@@ -955,9 +955,15 @@ class RaftNode:
         self._fail_all()
 
     def _unlock_dir(self) -> None:
+        # A snapshot writer still running shares the lock (forked with it): end it first, or
+        # a restart on this directory is refused until it finishes. Its snapshot is not needed:
+        # the journal is compacted only after a writer succeeds.
+        if self._snaps is not None:
+            with contextlib.suppress(Exception):
+                self._snaps._abort_writer()
         fd, self._dir_lock = self._dir_lock, None
         if fd is not None:
-            os.close(fd)  # (a snapshot writer still running holds it until it exits)
+            os.close(fd)
 
     def _tick(self, block: bool = True) -> float:
         """One pysyncobj tick and our flush after it; returns how long the next may wait."""

@@ -436,10 +436,10 @@ class Api:
         t0 = time.perf_counter()
         status = 500
         try:
-            if request.path != "/metrics" and "Upgrade" not in request.headers:
-                codec.check_accept(request)  # (metrics are text; streams answer in frames)
-            if request.query:
-                _check_query(request, route)
+            if request.method not in ("GET", "HEAD"):
+                codec.check_accept(request)  # before a write is applied; a read falls back to JSON
+            if request.query and request.path not in LOCAL_PATHS:
+                _check_query(request, route)  # (probes and scrapers may add their own)
             resp = await handler(request)
             status = resp.status
             return resp
@@ -1100,7 +1100,8 @@ def _check_query(request: web.Request, route: str) -> None:
         )
 
 
-_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+# (underscores too: Docker names containers proj_n4_1, and they resolve)
+_HOST_NAME = re.compile(r"(?!-)[\w-]{1,63}(?<!-)(\.(?!-)[\w-]{1,63}(?<!-))*\.?", re.ASCII)
 
 
 def _host_port(value: str) -> bool:

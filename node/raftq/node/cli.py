@@ -52,9 +52,7 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="members: id=raft_host:port/api_host:port,... (this node's own entry, if any, "
         "is skipped) [RAFTQ_PEERS]",
     )
-    p.add_argument(
-        "--data-dir", default=_env("DATA_DIR"), help="journal and snapshots [RAFTQ_DATA_DIR]"
-    )
+    p.add_argument("--data-dir", default=None, help="journal and snapshots [RAFTQ_DATA_DIR]")
     p.add_argument(
         "--in-memory",
         action="store_true",
@@ -118,6 +116,8 @@ def _run_node(args: argparse.Namespace) -> int:
         parser.error("--id (or RAFTQ_ID) is required")
     if not args.secret and not args.insecure:
         parser.error("--secret (or RAFTQ_SECRET) is required unless --insecure")
+    if args.data_dir is None and not args.in_memory:
+        args.data_dir = _env("DATA_DIR")  # (an explicit --in-memory wins over the variable)
     if not args.data_dir and not args.in_memory:
         parser.error(
             "--data-dir (or RAFTQ_DATA_DIR) is required; --in-memory keeps nothing on disk"

@@ -61,7 +61,7 @@ def check_accept(request: web.BaseRequest) -> None:
     """Refuse (406) up front an ``Accept`` that allows neither format: after the handler ran,
     a refusal would hide that the command was applied."""
     accept = request.headers.get("Accept", "").strip()
-    if accept and accept != JSON and max(_accept_q(accept)) <= 0:
+    if accept and accept not in (JSON, MSGPACK) and max(_accept_q(accept)) <= 0:
         raise ApiError(
             "not_acceptable",
             f"Accept {accept[:100]!r} allows neither {JSON} nor {MSGPACK}",
@@ -104,7 +104,7 @@ def decode_body(raw: bytes, msgpack_body: bool) -> dict[str, Any]:
         raise ApiError("malformed_body", f"request body is not valid {kind}: {why}") from None
     if not isinstance(obj, dict):
         raise ApiError("malformed_body", "request body must be a map (JSON object)")
-    _check_values(obj, 0)
+    _check_values(obj, 0, not msgpack_body)  # (msgpack's decoder refuses bad UTF-8 itself)
     return obj
 
 
@@ -112,7 +112,7 @@ MAX_DEPTH = 32
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 
 
-def _check_values(obj: Any, depth: int) -> None:
+def _check_values(obj: Any, depth: int, text: bool = True) -> None:
     """Reject what cannot be replicated faithfully: integers beyond 64 bits, non-finite floats
     (JSON ``1e400``), strings that are not Unicode text (JSON ``"\\ud800"``, a lone surrogate:
     no UTF-8 for it) and nesting deeper than ``MAX_DEPTH``."""
@@ -122,16 +122,17 @@ def _check_values(obj: Any, depth: int) -> None:
     if t is bytes:  # payloads
         return
     if t is str:
-        _check_text(obj)
+        if text and not obj.isascii():
+            _check_text(obj)
         return
     if isinstance(obj, dict):
         for k, v in obj.items():
-            if type(k) is str:
+            if text and type(k) is str and not k.isascii():
                 _check_text(k)
-            _check_values(v, depth + 1)
+            _check_values(v, depth + 1, text)
     elif isinstance(obj, list):
         for v in obj:
-            _check_values(v, depth + 1)
+            _check_values(v, depth + 1, text)
     elif isinstance(obj, bool):
         return
     elif isinstance(obj, int):
