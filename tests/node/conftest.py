@@ -1,11 +1,28 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
+from raftq.node.app import NodeSettings, build_app
+from raftq.node.local import LocalRaft
 from tests.node.cluster_fixture import Cluster
+
+Client = TestClient[web.Request, web.Application]
+
+
+@pytest.fixture
+async def leader_and_follower() -> AsyncIterator[tuple[LocalRaft, Client, LocalRaft, Client]]:
+    """Two in-process nodes: n1 leads, n2 follows it (and forwards to it)."""
+    leader = LocalRaft("n1")
+    async with TestClient(TestServer(build_app(leader))) as lc:
+        follower = LocalRaft("n2")
+        follower.set_follower("n1", f"{lc.host}:{lc.port}")
+        async with TestClient(TestServer(build_app(follower, NodeSettings(node_id="n2")))) as fc:
+            yield leader, lc, follower, fc
 
 
 @pytest.fixture

@@ -372,21 +372,19 @@ async def test_without_a_leader_answers_503_with_retry_after(
     assert (await client.get("/healthz")).status == 200
 
 
-async def test_follower_forwards_requests_to_the_leader() -> None:
-    leader = LocalRaft("n1")
-    async with TestClient(TestServer(build_app(leader))) as lc:
-        follower = LocalRaft("n2")
-        follower.set_follower("n1", f"{lc.host}:{lc.port}")
-        async with TestClient(TestServer(build_app(follower, NodeSettings(node_id="n2")))) as fc:
-            topic = await make_topic(fc)
-            r = await fc.post(f"/topics/{topic}/messages", json={"payload": b64(b"via")})
-            assert r.status == 200 and r.headers["X-Raftq-Leader"] == f"http://{lc.host}:{lc.port}"
-            assert leader.read(lambda b: b.topic_stats(topic)["messages"]) == 1
-            assert topic not in follower.read(lambda b: b.list_topics())
-            got = await post(fc, f"/topics/{topic}/groups/default/receive", {"wait": 1})
-            assert got["deliveries"][0]["payload"] == b64(b"via")
-            r = await fc.get(f"/topics/{topic}/groups/nope")
-            assert r.status == 404 and (await r.json())["code"] == "group_not_found"
+async def test_follower_forwards_requests_to_the_leader(
+    leader_and_follower: tuple[LocalRaft, Client, LocalRaft, Client],
+) -> None:
+    leader, lc, follower, fc = leader_and_follower
+    topic = await make_topic(fc)
+    r = await fc.post(f"/topics/{topic}/messages", json={"payload": b64(b"via")})
+    assert r.status == 200 and r.headers["X-Raftq-Leader"] == f"http://{lc.host}:{lc.port}"
+    assert leader.read(lambda b: b.topic_stats(topic)["messages"]) == 1
+    assert topic not in follower.read(lambda b: b.list_topics())
+    got = await post(fc, f"/topics/{topic}/groups/default/receive", {"wait": 1})
+    assert got["deliveries"][0]["payload"] == b64(b"via")
+    r = await fc.get(f"/topics/{topic}/groups/nope")
+    assert r.status == 404 and (await r.json())["code"] == "group_not_found"
 
 
 class DeposedRaft(LocalRaft):

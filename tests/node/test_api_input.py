@@ -213,16 +213,12 @@ async def test_stream_frames_of_the_wrong_shape_get_an_error_frame_and_the_strea
         assert base64.b64decode(nxt["delivery"]["payload"]) == b"next"
 
 
-async def test_a_follower_forwards_a_receive_with_a_bad_consumer_as_is() -> None:
-    leader = LocalRaft("n1")
-    async with TestClient(TestServer(build_app(leader))) as lc:
-        follower = LocalRaft("n2")
-        follower.set_follower("n1", f"{lc.host}:{lc.port}")
-        async with TestClient(TestServer(build_app(follower, NodeSettings(node_id="n2")))) as fc:
-            topic = await topic_of(fc)
-            bad: list[Any] = [[], 0, False, {}]
-            for consumer in bad:
-                r = await fc.post(
-                    f"/topics/{topic}/groups/default/receive", json={"consumer": consumer}
-                )
-                await error(r, 400, "invalid_argument")
+async def test_a_follower_forwards_a_receive_with_a_bad_consumer_as_is(
+    leader_and_follower: tuple[LocalRaft, Client, LocalRaft, Client],
+) -> None:
+    fc = leader_and_follower[3]
+    topic = await topic_of(fc)
+    bad: list[Any] = [[], 0, False, {}]
+    for consumer in bad:
+        r = await fc.post(f"/topics/{topic}/groups/default/receive", json={"consumer": consumer})
+        await error(r, 400, "invalid_argument")
