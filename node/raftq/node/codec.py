@@ -3,8 +3,9 @@
 A request body is msgpack when its ``Content-Type`` is ``application/msgpack`` (or
 ``application/x-msgpack``, ``application/vnd.msgpack``), JSON otherwise. A response is msgpack
 when ``Accept`` prefers msgpack (q-values count; ``q=0`` refuses), or when the request was msgpack
-and ``Accept`` prefers neither; an ``Accept`` that allows neither gets 406. In JSON, ``bytes``
-travel as base64 strings (message payloads); in msgpack as raw bytes.
+and ``Accept`` prefers neither; a write whose ``Accept`` allows neither gets 406 (a read falls
+back to JSON). In JSON, ``bytes`` travel as base64 strings (message payloads); in msgpack as raw
+bytes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ _MSGPACK_TYPES = frozenset([MSGPACK, "application/x-msgpack", "application/vnd.m
 
 def is_msgpack_request(request: web.BaseRequest) -> bool:
     return request.content_type in _MSGPACK_TYPES
+
+
+_RANGE_RANK = {"*/*": 0, "application/*": 1}
 
 
 def _accept_q(accept: str) -> tuple[float, float]:
@@ -52,9 +56,6 @@ def _accept_q(accept: str) -> tuple[float, float]:
             if r > best[fmt][0]:
                 best[fmt] = (r, q)
     return best["json"][1], best["msgpack"][1]
-
-
-_RANGE_RANK = {"*/*": 0, "application/*": 1}
 
 
 def check_accept(request: web.BaseRequest) -> None:
@@ -143,8 +144,7 @@ def _check_values(obj: Any, depth: int, text: bool = True) -> None:
 
 
 def _check_text(s: str) -> None:
-    if s.isascii():  # nearly every string: names, keys, base64 payloads
-        return
+    """(Called for strings that are not ASCII: nearly every string is, names, keys, base64.)"""
     try:
         s.encode()
     except UnicodeEncodeError:

@@ -200,10 +200,8 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
             # Not applied. The client settles over HTTP instead (which finds the new leader);
             # the stream itself ends with CLOSE_LEADER_CHANGED from the delivery loop.
             if fid is not None:
-                await sock.send(
-                    {"type": "error", "id": fid, "code": "no_leader",
-                     "message": "this node lost the leadership; not applied", "details": {}}
-                )  # fmt: skip
+                lost = ApiError("no_leader", "this node lost the leadership; not applied")
+                await sock.send(_frame_error(fid, lost))
         except ConnectionError:
             pass  # the socket is gone; the stream's own loop ends it
         except Exception:
@@ -219,15 +217,8 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
             try:
                 frame = sock.decode(msg.data)
             except (ValueError, msgpack.UnpackException, RecursionError):
-                await sock.send(
-                    {
-                        "type": "error",
-                        "id": None,
-                        "code": "malformed_body",
-                        "message": "frame is not valid JSON or msgpack",
-                        "details": {},
-                    }
-                )
+                bad = ApiError("malformed_body", "frame is not valid JSON or msgpack")
+                await sock.send(_frame_error(None, bad))
                 continue
             task = asyncio.ensure_future(settle(frame))
             settles.add(task)
