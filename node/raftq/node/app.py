@@ -42,6 +42,7 @@ from raftq.node.raftapi import (
     ReadNotReady,
     UnknownOutcome,
 )
+from raftq.node.stream import PUBLISH_QUERY
 from raftq.node.stream import QUERY as STREAM_QUERY
 
 log = logging.getLogger("raftq.node")
@@ -130,7 +131,7 @@ def check_fields(
     return body
 
 
-def _name(value: str, field: str) -> str:
+def _name(value: Any, field: str) -> str:
     try:
         return validate.name(value, field)
     except BrokerError as e:
@@ -167,6 +168,20 @@ def _message(m: Any, where: str, msgpack_body: bool) -> tuple[dict[str, Any], in
         if out.get(k) is None:
             out.pop(k, None)
     return out, len(out["payload"])
+
+
+def publish_command(
+    topic: str, messages: list[Any], msgpack_body: bool
+) -> tuple[dict[str, Any], int]:
+    """The ``publish`` command for a batch of wire messages, and its payload bytes."""
+    if not messages:
+        raise ApiError("invalid_argument", "messages must not be empty", {"field": "messages"})
+    msgs, size = [], 0
+    for i, m in enumerate(messages):
+        msg, n = _message(m, f"messages[{i}]", msgpack_body)
+        msgs.append(msg)
+        size += n
+    return {"op": "publish", "topic": topic, "messages": msgs}, size
 
 
 # ---------------------------------------------------------------------- the API
@@ -216,7 +231,7 @@ class Api:
             "consumer ids held by open connections (long polls, streams)",
             lambda: len(self.held_consumers),
         )
-        self.stream_resource: web.AbstractResource | None = None
+        self.stream_resources: set[web.AbstractResource] = set()
         self.receive_resource: web.AbstractResource | None = None
 
     # ------------------------------------------------------------------ plumbing
@@ -485,7 +500,7 @@ class Api:
         if (
             request.path in LOCAL_PATHS
             or request.match_info.http_exception is not None
-            or request.match_info.route.resource is self.stream_resource
+            or request.match_info.route.resource in self.stream_resources
         ):
             # Streams (WebSocket) redirect to the leader themselves instead of being proxied.
             return await handler(request)
@@ -718,16 +733,14 @@ class Api:
     async def publish_batch(self, request: web.Request) -> web.StreamResponse:
         topic = _name(request.match_info["topic"], "topic")
         body = check_fields(await codec.read_body(request), {"messages": LIST}, ("messages",))
-        if not body["messages"]:
-            raise ApiError("invalid_argument", "messages must not be empty", {"field": "messages"})
-        mp = codec.is_msgpack_request(request)
-        msgs, size = [], 0
-        for i, m in enumerate(body["messages"]):
-            msg, n = _message(m, f"messages[{i}]", mp)
-            msgs.append(msg)
-            size += n
-        res = await self.call({"op": "publish", "topic": topic, "messages": msgs}, size)
+        cmd, size = publish_command(topic, body["messages"], codec.is_msgpack_request(request))
+        res = await self.call(cmd, size)
         return codec.respond(request, {"messages": res["messages"]})
+
+    async def publish_stream(self, request: web.Request) -> web.StreamResponse:
+        from raftq.node.stream import publish_stream
+
+        return await self._as_stream(publish_stream(self, request))
 
     async def peek(self, request: web.Request) -> web.StreamResponse:
         topic = _name(request.match_info["topic"], "topic")
@@ -1004,11 +1017,15 @@ class Api:
         from raftq.node.stream import stream
 
         topic, group = self._tg(request)
+        return await self._as_stream(stream(self, request, topic, group))
+
+    async def _as_stream(self, handler: Awaitable[web.StreamResponse]) -> web.StreamResponse:
+        """Run a WebSocket handler as one of the streams shutdown waits for, then cancels."""
         task = asyncio.current_task()
         assert task is not None
         self._streams.add(task)
         try:
-            return await stream(self, request, topic, group)
+            return await handler
         finally:
             self._streams.discard(task)
 
@@ -1039,6 +1056,7 @@ class Api:
             ("POST", "/topics/{topic}/messages", self.publish_one),
             ("GET", "/topics/{topic}/messages", self.peek),
             ("POST", "/topics/{topic}/publish", self.publish_batch),
+            ("GET", "/publish/stream", self.publish_stream),
             ("POST", "/topics/{topic}/redrive", self.redrive),
             ("POST", "/ack", self.ack),
             ("POST", "/nack", self.nack),
@@ -1082,6 +1100,7 @@ _QUERY: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/topics/{topic}/messages"): frozenset(["from_seq", "limit"]),
     ("GET", "/cluster"): frozenset(["digest"]),
     ("GET", "/topics/{topic}/groups/{group}/stream"): STREAM_QUERY,
+    ("GET", "/publish/stream"): PUBLISH_QUERY,
 }
 
 
@@ -1143,8 +1162,8 @@ def build_app(raft: Raft, settings: NodeSettings | None = None) -> web.Applicati
         route = app.router.add_route(method, path, handler)
         if method == "GET" and not path.endswith("/stream"):
             app.router.add_route("HEAD", path, handler)  # (load balancers' health checks)
-        if path.endswith("/stream"):
-            api.stream_resource = route.resource
+        if path.endswith("/stream") and route.resource is not None:
+            api.stream_resources.add(route.resource)
         if path.endswith("/receive"):
             api.receive_resource = route.resource
     app.cleanup_ctx.append(api.lifecycle)

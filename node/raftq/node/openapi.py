@@ -198,6 +198,15 @@ OPERATIONS: list[tuple[str, str, str, str | None, int, str]] = [
     ),
     ("POST", "/topics/{topic}/publish", "Publish a batch", "PublishBatch", 200, "PublishedBatch"),
     (
+        "GET",
+        "/publish/stream",
+        "WebSocket publisher: each frame is one batch publish, answered after commit (see "
+        "raftq.node.stream; query format); a follower redirects (307) to the leader",
+        None,
+        101,
+        "Any",
+    ),
+    (
         "POST",
         "/topics/{topic}/redrive",
         "Move dead letters back to their source group",

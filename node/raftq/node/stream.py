@@ -1,4 +1,5 @@
-"""Streaming consumers over WebSocket: ``GET /topics/{topic}/groups/{group}/stream``.
+"""Streams over WebSocket: consumers (``GET /topics/{topic}/groups/{group}/stream``) and
+publishers (``GET /publish/stream``).
 
 Query: ``prefetch`` (1..1000, default 10), ``visibility`` (seconds, optional), ``format``
 (``msgpack``, the default: binary frames; or ``json``: text frames, payloads base64), ``batch``
@@ -22,7 +23,20 @@ passes. When the socket closes, for whatever reason, this consumer's in-flight d
 released at once (a replicated ``release``): a crashed consumer's messages come back without
 waiting for their visibility timeout. Streams are served by the leader: a follower answers 307
 to the leader's URL (or 503 without one), and a stream whose node loses leadership is closed with
-code 4001 so the client reconnects to the new leader.
+code 4001 so the client reconnects to the new leader (1001 when the node shuts down).
+
+A publish stream (query: ``format`` only) saves a sequential producer the cost of one HTTP
+request per publish (about a fifth of a round trip on 2 cores). Each frame is one
+``POST /topics/{topic}/publish``, checked and answered the same way, after commit and apply:
+
+    client -> server  {"id": N, "op": "publish", "topic": "t", "messages": [{payload, key?, ...}]}
+    server -> client  {"type": "result", "id": N, "result": {"messages": [{seq, duplicate?}]}}
+                      {"type": "error", "id": N, "code", "message", "details"}
+
+Frames are applied concurrently (up to 1000 in flight per socket; then the server stops
+reading), so answers may come out of order: match them by ``id``. A frame the socket closed
+under may or may not have been applied; publish again with the same keys (over HTTP or a new
+stream) to find out without storing twice.
 """
 
 from __future__ import annotations
@@ -49,8 +63,12 @@ log = logging.getLogger(__name__)
 
 MAX_PREFETCH = 1000
 QUERY = frozenset(["prefetch", "visibility", "format", "batch"])
+PUBLISH_QUERY = frozenset(["format"])
+PUBLISH_FIELDS = frozenset(["id", "op", "topic", "messages"])
+MAX_PUBLISHES_IN_FLIGHT = 1000  # per publish stream; beyond it the server stops reading frames
 LEADER_CHECK_S = 1.0  # an idle stream on a node that lost the leadership ends within this
 SEND_TIMEOUT = 30.0  # a client that reads nothing for this long is cut off (its deliveries return)
+CLOSE_GOING_AWAY = 1001  # the node is shutting down
 CLOSE_LEADER_CHANGED = 4001
 SETTLE_OPS = {"ack": (), "nack": ("delay",), "extend": ("seconds",), "term": ("reason",)}
 
@@ -70,12 +88,38 @@ def _query_number(request: web.Request, name: str, lo: float, hi: float) -> floa
     return value
 
 
+def _leader_stream(api: Api, request: web.Request) -> str:
+    """What every stream checks before it upgrades: the ``format`` asked for (returned), a
+    WebSocket upgrade, and that this node leads (a follower redirects to the leader)."""
+    fmt = codec.query_one(request, "format") or "msgpack"
+    if fmt not in ("msgpack", "json"):
+        raise ApiError("invalid_argument", "format must be msgpack or json", {"field": "format"})
+    if not web.WebSocketResponse().can_prepare(request).ok:
+        raise ApiError(
+            "upgrade_required", "this endpoint streams over a WebSocket: send Upgrade: websocket"
+        )
+    if not api.raft.is_leader():
+        leader = api.raft.status().leader_api
+        if not leader:
+            raise ApiError("no_leader", "no leader is known; retry", retry_after=1)
+        raise web.HTTPTemporaryRedirect(
+            f"http://{leader}{request.path_qs}", headers={"X-Raftq-Leader": f"http://{leader}"}
+        )
+    return fmt
+
+
 class _Socket:
     """Frames in the negotiated format."""
 
     def __init__(self, ws: web.WebSocketResponse, fmt: str) -> None:
         self.ws = ws
         self.json = fmt == "json"
+
+    @classmethod
+    async def open(cls, api: Api, request: web.Request, fmt: str) -> _Socket:
+        ws = web.WebSocketResponse(heartbeat=10.0, max_msg_size=api.settings.max_body)
+        await ws.prepare(request)
+        return cls(ws, fmt)
 
     async def send(self, obj: dict[str, Any]) -> None:
         if self.ws.closed:
@@ -119,26 +163,11 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
         raise ApiError("invalid_argument", "batch must be 0 or 1", {"field": "batch"})
     batch = batch_arg == "1"
     low_water = max(1, prefetch // 4)
-    fmt = codec.query_one(request, "format") or "msgpack"
-    if fmt not in ("msgpack", "json"):
-        raise ApiError("invalid_argument", "format must be msgpack or json", {"field": "format"})
-    if not web.WebSocketResponse().can_prepare(request).ok:
-        raise ApiError(
-            "upgrade_required", "this endpoint streams over a WebSocket: send Upgrade: websocket"
-        )
-    if not api.raft.is_leader():
-        leader = api.raft.status().leader_api
-        if not leader:
-            raise ApiError("no_leader", "no leader is known; retry", retry_after=1)
-        raise web.HTTPTemporaryRedirect(
-            f"http://{leader}{request.path_qs}", headers={"X-Raftq-Leader": f"http://{leader}"}
-        )
+    fmt = _leader_stream(api, request)
     # The group must exist before the socket opens, so a typo is a plain 404.
     api.read(lambda b: b.group_stats(topic, group))
-
-    ws = web.WebSocketResponse(heartbeat=10.0, max_msg_size=api.settings.max_body)
-    await ws.prepare(request)
-    sock = _Socket(ws, fmt)
+    sock = await _Socket.open(api, request, fmt)
+    ws = sock.ws
     consumer = f"ws-{secrets.token_hex(8)}"
     outstanding: dict[str, int] = {}  # receipt -> deadline (ms)
     credit = asyncio.Event()
@@ -287,3 +316,119 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                 await ws.close(code=close_code, message=close_msg)
             api.spawn(api.release(consumer))
     return ws
+
+
+async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
+    """``GET /publish/stream``: publishes over one WebSocket, each answered after commit and
+    apply, exactly as ``POST /topics/{topic}/publish`` (see the module docstring)."""
+    from raftq.node.app import LeaderLost, _name, publish_command  # app imports this module
+
+    sock = await _Socket.open(api, request, _leader_stream(api, request))
+    ws = sock.ws
+    lost = asyncio.Event()  # a publish found this node no longer leads
+    room = asyncio.Semaphore(MAX_PUBLISHES_IN_FLIGHT)
+    publishes: set[asyncio.Task[None]] = set()
+
+    async def publish(frame: Any) -> None:
+        fid = frame.get("id") if isinstance(frame, dict) else None
+        if isinstance(fid, bool) or not isinstance(fid, int | str):
+            fid = None
+        try:
+            if not isinstance(frame, dict):
+                raise ApiError("malformed_body", "a frame must be a map")
+            codec.check_frame(frame)
+            if fid is None:
+                raise ApiError(
+                    "invalid_argument",
+                    "a publish frame needs an id (an integer or a string); its answer carries it",
+                    {"field": "id"},
+                )
+            if frame.get("op") != "publish":
+                raise ApiError("invalid_argument", "frame needs op publish", {"field": "op"})
+            unknown = sorted(str(k) for k in frame if k not in PUBLISH_FIELDS)
+            if unknown:
+                raise ApiError(
+                    "unknown_field", f"unknown field(s) {', '.join(unknown)}", {"fields": unknown}
+                )
+            messages = frame.get("messages")
+            if not isinstance(messages, list):
+                raise ApiError("invalid_argument", "messages must be a list", {"field": "messages"})
+            topic = _name(frame.get("topic"), "topic")
+            cmd, size = publish_command(topic, messages, not sock.json)
+            res = await api.call(cmd, size)
+            await sock.send({"type": "result", "id": fid, "result": {"messages": res["messages"]}})
+        except ApiError as e:
+            await sock.send(_frame_error(fid, e))
+        except LeaderLost:  # not applied: the client publishes again where the leader is now
+            lost.set()
+            gone = ApiError("no_leader", "this node lost the leadership; not applied")
+            await sock.send(_frame_error(fid, gone))
+        except ConnectionError:
+            pass  # the socket is gone; the client learns the outcome by retrying with its keys
+        except Exception:
+            log.exception("stream publish failed")
+            await sock.send(_frame_error(fid, ApiError("internal", "internal error; see the log")))
+
+    def done(task: asyncio.Task[None]) -> None:
+        publishes.discard(task)
+        room.release()
+
+    async def read_loop() -> None:
+        async for msg in ws:
+            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                continue
+            try:
+                frame = sock.decode(msg.data)
+            except (ValueError, msgpack.UnpackException, RecursionError):
+                bad = ApiError("malformed_body", "frame is not valid JSON or msgpack")
+                await sock.send(_frame_error(None, bad))
+                continue
+            await room.acquire()  # (too many in flight: stop reading; TCP pushes back)
+            task = asyncio.ensure_future(publish(frame))
+            publishes.add(task)
+            task.add_done_callback(done)
+
+    reader = asyncio.ensure_future(read_loop())
+    stop = asyncio.ensure_future(_first(api.draining, lost))
+    close_code, close_msg = 1000, b"done"
+    try:
+        while not reader.done() and not stop.done():
+            if not api.raft.is_leader():  # looked at least every LEADER_CHECK_S, idle or not
+                lost.set()
+                break
+            await asyncio.wait(
+                {reader, stop}, timeout=LEADER_CHECK_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        if lost.is_set():  # the client reconnects to the new leader
+            close_code, close_msg = CLOSE_LEADER_CHANGED, b"leader changed"
+        elif api.draining.is_set():
+            close_code, close_msg = CLOSE_GOING_AWAY, b"node shutting down"
+    finally:
+        stop.cancel()
+        if reader.done() and not reader.cancelled() and reader.exception() is not None:
+            err = reader.exception()
+            if not isinstance(err, ConnectionError):
+                log.error("publish stream reader failed: %r", err)
+                close_code, close_msg = 1011, b"internal error reading frames"
+        if not reader.done():
+            reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reader
+        # Publishes already read are answered before the close (frames not read yet are not
+        # applied; the client's retry with the same keys publishes them once).
+        if publishes:
+            await asyncio.wait(set(publishes), timeout=api.settings.propose_timeout + 1)
+        for task in list(publishes):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await ws.close(code=close_code, message=close_msg)
+    return ws
+
+
+async def _first(*events: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
