@@ -199,6 +199,71 @@ class _Stream:
             await self.reader
 
 
+class _Publisher:
+    """The client's publish stream: one WebSocket to the leader, opened in the background. A
+    publish never waits for it: with no stream open it goes over HTTP (and starts opening one)."""
+
+    RETRY_S = 1.0  # after a failed open (no leader yet, a node down)
+    REFUSED_S = 60.0  # after the server refused (an older version, a proxy without WebSockets)
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+        self.stream: _Stream | None = None
+        self.opening: asyncio.Task[None] | None = None
+        self.retry_at = 0.0
+
+    def get(self) -> _Stream | None:
+        st = self.stream
+        if st is not None and st.open:
+            return st
+        if st is not None:  # closed under us (leader change, node stop): open another
+            self.drop(st)
+        if self.opening is None and time.monotonic() >= self.retry_at:
+            self.opening = asyncio.ensure_future(self._open())
+        return None
+
+    def drop(self, st: _Stream) -> None:
+        """Stop using ``st`` (closed, or it left a publish unanswered); the next one opens anew."""
+        if self.stream is st:
+            self.stream = None
+        self.client._spawn(st.close())
+
+    async def _open(self) -> None:
+        client = self.client
+        url = client.endpoints.pick()
+        target = url + "/publish/stream"
+        self.retry_at = time.monotonic() + self.RETRY_S
+        try:
+            for _ in range(core.MAX_REDIRECTS + 1):
+                try:
+                    async with asyncio.timeout(client.attempt_timeout):
+                        ws = await client._http().ws_connect(target, heartbeat=10.0, max_msg_size=0)
+                except aiohttp.WSServerHandshakeError as e:
+                    location = e.headers.get("Location") if e.headers else None
+                    if core.is_redirect(e.status) and location:
+                        target = urljoin(target, location)  # to the leader
+                        client.endpoints.learn(core.normalize_url(target))
+                        continue
+                    if 400 <= e.status < 500 and e.status != 429:
+                        self.retry_at = time.monotonic() + self.REFUSED_S
+                    return
+                self.stream = _Stream(ws, url, client._ack_all_later)
+                return
+        except (aiohttp.ClientError, OSError, TimeoutError, RaftqError):
+            return  # (over HTTP meanwhile; tried again after RETRY_S)
+        finally:
+            self.opening = None
+
+    async def close(self) -> None:
+        if self.opening is not None:
+            self.opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.opening
+        if self.stream is not None:
+            await self.stream.close()
+            self.stream = None
+
+
 def _ignore_result(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: a lost fire-and-forget ack just means a redelivery
@@ -220,6 +285,7 @@ class AsyncClient:
         attempt_timeout: float = 10.0,
         producer_id: str | None = None,
         fmt: str = core.MSGPACK,
+        publish_stream: bool = True,
     ) -> None:
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
@@ -236,6 +302,8 @@ class AsyncClient:
         self._closed = False
         self._pending_acks: list[str] = []
         self._background: set[asyncio.Future[Any]] = set()
+        # Publishes ride one WebSocket to the leader when it is open (msgpack only).
+        self._publisher = _Publisher(self) if publish_stream and fmt == core.MSGPACK else None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -258,6 +326,8 @@ class AsyncClient:
             await asyncio.wait(set(self._background), timeout=self.timeout)
         for consumer in list(self._consumers):
             await self._release_quietly(consumer)
+        if self._publisher is not None:
+            await self._publisher.close()
         if self._requests is not None:
             self._requests.close()
             self._requests = None
@@ -283,12 +353,19 @@ class AsyncClient:
 
     # ------------------------------------------------------------------ the I/O loop
 
-    async def request(self, req: core.Request, timeout: float | None = None) -> Any:
+    async def request(
+        self,
+        req: core.Request,
+        timeout: float | None = None,
+        unknown: UnknownOutcome | None = None,
+    ) -> Any:
+        """Send ``req`` until it gets a definite answer or ``timeout`` passes. ``unknown``: an
+        earlier try (over a stream) whose outcome is unknown."""
         timeout = self.timeout if timeout is None else timeout
         end = time.monotonic() + timeout + req.hold
         wire = core.prepare(req, self.fmt)
-        last: RaftqError | None = None
-        unknown: UnknownOutcome | None = None  # a try whose outcome is unknown: it sticks
+        last: RaftqError | None = unknown
+        # A try whose outcome is unknown: it sticks.
         attempt = 0
         while True:
             remaining = end - time.monotonic()
@@ -441,7 +518,7 @@ class AsyncClient:
         if coalescer is None:
 
             async def send(messages: list[dict[str, Any]]) -> list[Any]:
-                res = await self.request(rq.publish_batch(topic, messages))
+                res = await self._publish(topic, messages)
                 return [int(m["seq"]) for m in res["messages"]]
 
             coalescer = self._coalescers[topic] = Coalescer(send)
@@ -450,8 +527,32 @@ class AsyncClient:
     async def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
         """Publish payloads (or dicts with payload/headers/key/delay) as one request."""
         body = core.batch_body(self.producer, messages)
-        res = await self.request(rq.publish_batch(topic, body["messages"]))
+        res = await self._publish(topic, body["messages"])
         return [int(m["seq"]) for m in res["messages"]]
+
+    async def _publish(self, topic: str, messages: list[dict[str, Any]]) -> Any:
+        """One publish request: over the publish stream when one is open, else (or when the
+        stream cannot give a definite answer) over HTTP, with the same idempotency keys."""
+        req = rq.publish_batch(topic, messages)
+        st = self._publisher.get() if self._publisher is not None else None
+        if st is None:
+            return await self.request(req)
+        start = time.monotonic()
+        unknown: UnknownOutcome | None = None
+        try:
+            body = {"topic": topic, "messages": messages}
+            return await st.call("publish", body, min(self.timeout, self.attempt_timeout))
+        except _StreamClosed as e:
+            assert self._publisher is not None
+            self._publisher.drop(st)  # (closed, or silent for attempt_timeout: not used again)
+            if e.sent:  # (it may have been applied: the HTTP try finds out, by the keys)
+                unknown = UnknownOutcome(f"{st.url}: the publish stream gave no answer")
+        except UnknownOutcome as e:
+            unknown = e
+        except Unavailable:
+            pass  # not applied (no leader there, stopping, overloaded): over HTTP it goes
+        left = self.timeout - (time.monotonic() - start)
+        return await self.request(req, timeout=max(0.0, left), unknown=unknown)
 
     # ------------------------------------------------------------------ consume
 
@@ -628,10 +729,14 @@ class AsyncClient:
     def _flush_acks(self) -> None:
         receipts, self._pending_acks = self._pending_acks, []
         if receipts:
-            task = asyncio.ensure_future(self._settle(rq.settle("ack", receipts)))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-            task.add_done_callback(_ignore_result)
+            self._spawn(self._settle(rq.settle("ack", receipts)))
+
+    def _spawn(self, coro: Any) -> None:
+        """Background work that ``close()`` waits for; its failure is dropped."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(_ignore_result)
 
     async def release(self, consumer: str) -> Any:
         return await self.request(rq.release(consumer))

@@ -1,0 +1,187 @@
+"""The async client's publish stream: publishes ride one WebSocket to the leader once it is
+open, go over HTTP until then, and fall back to HTTP with the same idempotency keys whenever the
+stream cannot give a definite answer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgpack
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from raftq.client import AsyncClient, TopicNotFound
+from raftq.client._core import JSON
+from raftq.node.app import build_app
+from raftq.node.local import LocalRaft
+
+
+async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    async def poll() -> None:
+        while not pred():  # noqa: ASYNC110 - polling the client's background open
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+def stream_open(c: AsyncClient) -> bool:
+    return c._publisher is not None and c._publisher.stream is not None
+
+
+@contextlib.asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[tuple[str, list[str]]]:
+    """Run ``app`` on 127.0.0.1; yield its URL and the "METHOD path" of every request."""
+    seen: list[str] = []
+
+    async def record(request: web.Request, response: web.StreamResponse) -> None:
+        seen.append(f"{request.method} {request.path}")
+
+    app.on_response_prepare.append(record)
+    srv = TestServer(app, host="127.0.0.1")
+    await srv.start_server()
+    try:
+        yield f"http://127.0.0.1:{srv.port}", seen
+    finally:
+        await srv.close()
+
+
+@pytest.fixture
+async def node() -> AsyncIterator[tuple[LocalRaft, str, list[str]]]:
+    raft = LocalRaft()
+    async with serve(build_app(raft)) as (url, seen):
+        yield raft, url, seen
+
+
+async def test_publishes_go_over_http_until_the_stream_is_open_then_over_it(
+    node: tuple[LocalRaft, str, list[str]],
+) -> None:
+    raft, url, seen = node
+    async with AsyncClient(url) as c:
+        await c.create_topic("t")
+        assert await c.publish("t", b"first") == 1  # no stream yet: HTTP, and one is opened
+        await until(lambda: stream_open(c))
+        seqs = [await c.publish("t", b"m%d" % i) for i in range(20)]
+        seqs += await c.publish_batch("t", [b"b1", b"b2"])
+        seqs += await asyncio.gather(*(c.publish("t", b"c%d" % i) for i in range(10)))
+        assert sorted(seqs) == list(range(2, 34))
+        assert raft.read(lambda b: b.topic_stats("t")["messages"]) == 33
+    publishes = [s for s in seen if s.endswith("/publish") or s.endswith("/messages")]
+    assert publishes == ["POST /topics/t/publish"]  # only the first one
+    assert seen.count("GET /publish/stream") == 1
+
+
+async def test_without_the_stream_option_or_with_json_publishes_stay_on_http(
+    node: tuple[LocalRaft, str, list[str]],
+) -> None:
+    _, url, seen = node
+    for kw in ({"publish_stream": False}, {"fmt": JSON}):
+        async with AsyncClient(url, **kw) as c:
+            await c.create_topic("t", if_not_exists=True)
+            for _ in range(3):
+                await c.publish("t", b"x")
+            assert not stream_open(c)
+    assert "GET /publish/stream" not in seen
+    assert seen.count("POST /topics/t/publish") == 6
+
+
+SILENT = object()  # (an ``on_frame`` answer: keep the socket open, answer nothing)
+
+
+def scripted(
+    on_frame: Callable[[dict[str, Any]], Any], stream: bool = True
+) -> tuple[web.Application, list[tuple[str, Any]]]:
+    """A server whose publish stream answers each frame with ``on_frame(frame)`` (a frame to
+    send, or None to close the socket unanswered), and whose HTTP publish answers every
+    message as a duplicate of seq 7. Returns the app and the frames and HTTP bodies it got."""
+    got: list[tuple[str, Any]] = []
+
+    async def publish_stream(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            frame = msgpack.unpackb(msg.data)
+            got.append(("stream", frame))
+            out = on_frame(frame)
+            if out is None:
+                break
+            if out is not SILENT:
+                await ws.send_bytes(msgpack.packb(out))
+        await ws.close()
+        return ws
+
+    async def publish(request: web.Request) -> web.Response:
+        body = msgpack.unpackb(await request.read())
+        got.append(("http", body))
+        res = {"messages": [{"seq": 7, "duplicate": True} for _ in body["messages"]]}
+        return web.Response(body=msgpack.packb(res), content_type="application/msgpack")
+
+    app = web.Application()
+    if stream:  # (else an older server: 404)
+        app.router.add_get("/publish/stream", publish_stream)
+    app.router.add_post("/topics/t/publish", publish)
+    return app, got
+
+
+def error_frame(code: str) -> Callable[[dict[str, Any]], Any]:
+    def on_frame(frame: dict[str, Any]) -> Any:
+        return {"type": "error", "id": frame["id"], "code": code, "message": code, "details": {}}
+
+    return on_frame
+
+
+@pytest.mark.parametrize(
+    "on_frame",
+    [lambda f: None, error_frame("outcome_unknown"), error_frame("no_leader")],
+    ids=["socket closed unanswered", "outcome_unknown", "no_leader"],
+)
+async def test_a_publish_the_stream_cannot_answer_is_sent_again_over_http_with_its_key(
+    on_frame: Callable[[dict[str, Any]], Any],
+) -> None:
+    app, got = scripted(on_frame)
+    async with serve(app) as (url, _), AsyncClient(url, timeout=5.0) as c:
+        await c.publish("t", b"warm-up")  # over HTTP; opens the stream
+        await until(lambda: stream_open(c))
+        assert await c.publish("t", b"p", key="k1") == 7
+    assert [(how, body["messages"][0]["payload"]) for how, body in got[1:]] == [
+        ("stream", b"p"),
+        ("http", b"p"),
+    ]
+    assert got[1][1]["messages"][0]["key"] == got[2][1]["messages"][0]["key"] == "k1"
+
+
+async def test_a_stream_that_leaves_a_publish_unanswered_is_dropped_and_http_finds_out() -> None:
+    app, got = scripted(lambda f: SILENT)
+    async with serve(app) as (url, _), AsyncClient(url, timeout=5.0, attempt_timeout=0.3) as c:
+        await c.publish("t", b"warm-up")
+        await until(lambda: stream_open(c))
+        assert c._publisher is not None
+        silent = c._publisher.stream
+        assert await c.publish("t", b"p") == 7
+        assert c._publisher.stream is not silent  # not used again
+    assert [how for how, _ in got] == ["http", "stream", "http"]
+
+
+async def test_a_refusal_over_the_stream_is_the_callers_answer() -> None:
+    app, got = scripted(error_frame("topic_not_found"))
+    async with serve(app) as (url, _), AsyncClient(url, timeout=5.0) as c:
+        await c.publish("t", b"warm-up")
+        await until(lambda: stream_open(c))
+        with pytest.raises(TopicNotFound):
+            await c.publish("t", b"p")
+    assert [how for how, _ in got] == ["http", "stream"]  # not sent again
+
+
+async def test_a_server_without_a_publish_stream_is_not_asked_again_at_every_publish() -> None:
+    app, _ = scripted(lambda f: None, stream=False)
+    async with serve(app) as (url, seen), AsyncClient(url, timeout=5.0) as c:
+        await c.publish("t", b"x")
+        await until(lambda: c._publisher is not None and c._publisher.opening is None)
+        for _ in range(2):
+            await c.publish("t", b"x")
+        assert not stream_open(c)
+    assert seen.count("GET /publish/stream") == 1
+    assert seen.count("POST /topics/t/publish") == 3
