@@ -88,6 +88,9 @@ async def test_concurrent_frames_share_group_commit_and_each_gets_its_own_answer
         for _ in range(50):
             got = msgpack.unpackb((await asyncio.wait_for(ws.receive(), 5)).data)
             answers[got["id"]] = got["result"]["messages"][0]["seq"]
+        metrics = (await (await client.get("/metrics")).read()).decode()
+    assert 'raftq_stream_publishes_total{code="ok"} 50.0' in metrics
+    assert "raftq_streams_open 1.0" in metrics
     assert sorted(answers) == list(range(50))
     assert sorted(answers.values()) == list(range(1, 51))
     assert sorted(stored(raft, topic)) == sorted(b"%d" % i for i in range(50))

@@ -32,6 +32,7 @@ from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome, error_f
 # A node that does not accept a connection within this long is taken for down (they are on a
 # LAN or loopback); the next node is tried.
 CONNECT_TIMEOUT = 2.0
+CLOSE_TIMEOUT = 2.0  # for the publish stream's closing handshake at close()
 
 
 class AsyncMessage(Delivery):
@@ -103,8 +104,9 @@ class _StreamClosed(Exception):
 
 
 class _Stream:
-    """One WebSocket stream: a reader task routes deliveries to a queue and results to the
-    futures of the settle calls waiting for them."""
+    """One WebSocket stream (a consumer's, or the publish stream): a reader task routes
+    deliveries to a queue and results to the futures of the calls (settles, publishes) waiting
+    for them."""
 
     def __init__(
         self,
@@ -203,7 +205,7 @@ class _Publisher:
     """The client's publish stream: one WebSocket to the leader, opened in the background. A
     publish never waits for it: with no stream open it goes over HTTP (and starts opening one)."""
 
-    RETRY_S = 1.0  # after a failed open (no leader yet, a node down)
+    RETRY_S = 1.0  # after a failed open (no leader yet, a node down), doubling up to REFUSED_S
     REFUSED_S = 60.0  # after the server refused (an older version, a proxy without WebSockets)
 
     def __init__(self, client: AsyncClient) -> None:
@@ -211,6 +213,7 @@ class _Publisher:
         self.stream: _Stream | None = None
         self.opening: asyncio.Task[None] | None = None
         self.retry_at = 0.0
+        self.failures = 0  # opens failed in a row (an unreachable leader address: back off)
 
     def get(self) -> _Stream | None:
         st = self.stream
@@ -232,7 +235,9 @@ class _Publisher:
         client = self.client
         url = client.endpoints.pick()
         target = url + "/publish/stream"
-        self.retry_at = time.monotonic() + self.RETRY_S
+        backoff = min(self.REFUSED_S, self.RETRY_S * 2**self.failures)
+        self.retry_at = time.monotonic() + backoff
+        self.failures += 1
         try:
             for _ in range(core.MAX_REDIRECTS + 1):
                 try:
@@ -248,6 +253,7 @@ class _Publisher:
                         self.retry_at = time.monotonic() + self.REFUSED_S
                     return
                 self.stream = _Stream(ws, url, client._ack_all_later)
+                self.failures = 0
                 return
         except (aiohttp.ClientError, OSError, TimeoutError, RaftqError):
             return  # (over HTTP meanwhile; tried again after RETRY_S)
@@ -260,8 +266,9 @@ class _Publisher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.opening
         if self.stream is not None:
-            await self.stream.close()
-            self.stream = None
+            st, self.stream = self.stream, None
+            with contextlib.suppress(TimeoutError):  # (a leader that went silent: no close reply)
+                await asyncio.wait_for(st.close(), CLOSE_TIMEOUT)
 
 
 def _ignore_result(task: asyncio.Future[Any]) -> None:

@@ -227,6 +227,10 @@ class Api:
             lambda: sum(len(w) for w in self._waiters.values()),
         )
         self.metrics.gauge(
+            "raftq_streams_open", "open WebSocket streams (consumers and publishers)",
+            lambda: len(self._streams),
+        )  # fmt: skip
+        self.metrics.gauge(
             "raftq_consumers_held",
             "consumer ids held by open connections (long polls, streams)",
             lambda: len(self.held_consumers),

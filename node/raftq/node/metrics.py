@@ -133,6 +133,12 @@ class NodeMetrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
         )
+        self.stream_publishes = Counter(
+            "raftq_stream_publishes",
+            "publish frames answered on publish streams, by outcome (ok or the error code)",
+            ["code"],
+            registry=self.registry,
+        )
         self.proxied = Counter(
             "raftq_proxied_requests", "requests forwarded to the leader", registry=self.registry
         )

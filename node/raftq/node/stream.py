@@ -333,6 +333,7 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
         fid = frame.get("id") if isinstance(frame, dict) else None
         if isinstance(fid, bool) or not isinstance(fid, int | str):
             fid = None
+        code = "unanswered"  # (the socket closed, or the stream ended, before the answer)
         try:
             if not isinstance(frame, dict):
                 raise ApiError("malformed_body", "a frame must be a map")
@@ -357,17 +358,23 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
             cmd, size = publish_command(topic, messages, not sock.json)
             res = await api.call(cmd, size)
             await sock.send({"type": "result", "id": fid, "result": {"messages": res["messages"]}})
+            code = "ok"
         except ApiError as e:
+            code = e.code
             await sock.send(_frame_error(fid, e))
         except LeaderLost:  # not applied: the client publishes again where the leader is now
             lost.set()
+            code = "no_leader"
             gone = ApiError("no_leader", "this node lost the leadership; not applied")
             await sock.send(_frame_error(fid, gone))
         except ConnectionError:
             pass  # the socket is gone; the client learns the outcome by retrying with its keys
         except Exception:
             log.exception("stream publish failed")
+            code = "internal"
             await sock.send(_frame_error(fid, ApiError("internal", "internal error; see the log")))
+        finally:
+            api.metrics.stream_publishes.labels(code).inc()
 
     def done(task: asyncio.Task[None]) -> None:
         publishes.discard(task)
