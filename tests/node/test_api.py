@@ -549,6 +549,7 @@ async def test_shutdown_ends_open_streams_and_releases_their_deliveries() -> Non
         await server.close()
         assert time.monotonic() - t0 < 5
         await asyncio.wait_for(reader, 5)
+        assert ws.close_code == 1001  # "going away": the client reconnects elsewhere
     assert raft.read(lambda b: b.group_stats(topic, "default")["in_flight"]) == 0
 
 

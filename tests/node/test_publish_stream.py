@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from raftq.node.app import NodeSettings, build_app
+from raftq.node.app import STREAM_GRACE_S, NodeSettings, build_app
 from raftq.node.local import LocalRaft
 from raftq.node.stream import CLOSE_GOING_AWAY, CLOSE_LEADER_CHANGED
 
@@ -43,7 +43,10 @@ def stored(raft: LocalRaft, topic: str) -> list[bytes]:
 
 
 async def answer(ws: aiohttp.ClientWebSocketResponse, frame: Any) -> dict[str, Any]:
-    await ws.send_bytes(frame if isinstance(frame, bytes) else msgpack.packb(frame))
+    if isinstance(frame, str):
+        await ws.send_str(frame)
+    else:
+        await ws.send_bytes(frame if isinstance(frame, bytes) else msgpack.packb(frame))
     msg = await asyncio.wait_for(ws.receive(), 5)
     assert msg.type == aiohttp.WSMsgType.BINARY, msg
     return dict(msgpack.unpackb(msg.data))
@@ -177,6 +180,21 @@ async def test_json_frames_carry_base64_payloads(node: tuple[LocalRaft, Client])
     assert stored(raft, topic) == [b"\x00\xff"]
 
 
+async def test_text_frames_on_a_msgpack_socket_are_read_as_json_with_base64_payloads(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    raft, client = node
+    topic = await topic_of(client)
+    async with client.ws_connect(PATH) as ws:  # (format msgpack: its answers are binary)
+        frame = {"id": 1, "op": "publish", "topic": topic, "messages": [{"payload": "AP8="}]}
+        got = await answer(ws, json.dumps(frame))
+        assert got["result"]["messages"] == [{"seq": 1, "duplicate": False}]
+        # An id no answer could carry (beyond 64 bits) is refused, and nothing fails after.
+        got = await answer(ws, json.dumps({**frame, "id": 2**70}))
+        assert (got["id"], got["code"]) == (None, "invalid_argument")
+    assert stored(raft, topic) == [b"\x00\xff"]  # decoded, not stored as the base64 text
+
+
 async def test_the_upgrade_and_the_query_are_checked_and_a_follower_redirects(
     leader_and_follower: tuple[LocalRaft, Client, LocalRaft, Client],
 ) -> None:
@@ -210,7 +228,9 @@ async def test_shutdown_answers_the_publishes_in_flight_then_closes() -> None:
     async with aiohttp.ClientSession(str(server.make_url(""))) as session:
         assert (await session.post("/topics", json={"topic": "t"})).status == 201
         ws = await session.ws_connect(PATH)
-        raft.delay = 0.3  # the commit takes a while: the close comes while it is in flight
+        # The commit takes longer than the consumer streams' grace: the close comes while it
+        # is in flight, and the answer still comes first.
+        raft.delay = STREAM_GRACE_S + 0.5
         frame = {"id": 1, "op": "publish", "topic": "t", "messages": [{"payload": b"p"}]}
         await ws.send_bytes(msgpack.packb(frame))
         await asyncio.sleep(0.05)

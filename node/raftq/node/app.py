@@ -220,7 +220,10 @@ class Api:
         self.started = time.monotonic()
         # long polls waiting for something deliverable, per (topic, group)
         self._waiters: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
-        self._streams: set[asyncio.Task[Any]] = set()
+        self._streams: set[asyncio.Task[Any]] = set()  # consumers': cancelled after a grace
+        # Publishers' end by themselves at shutdown once what they read is answered (bounded
+        # by propose_timeout), so an answer is not lost to the grace period.
+        self._publish_streams: set[asyncio.Task[Any]] = set()
         self.metrics.gauge(
             "raftq_long_polls_waiting",
             "receive requests waiting for a deliverable message",
@@ -228,7 +231,7 @@ class Api:
         )
         self.metrics.gauge(
             "raftq_streams_open", "open WebSocket streams (consumers and publishers)",
-            lambda: len(self._streams),
+            lambda: len(self._streams) + len(self._publish_streams),
         )  # fmt: skip
         self.metrics.gauge(
             "raftq_consumers_held",
@@ -744,7 +747,7 @@ class Api:
     async def publish_stream(self, request: web.Request) -> web.StreamResponse:
         from raftq.node.stream import publish_stream
 
-        return await self._as_stream(publish_stream(self, request))
+        return await self._as_stream(publish_stream(self, request), self._publish_streams)
 
     async def peek(self, request: web.Request) -> web.StreamResponse:
         topic = _name(request.match_info["topic"], "topic")
@@ -1021,17 +1024,19 @@ class Api:
         from raftq.node.stream import stream
 
         topic, group = self._tg(request)
-        return await self._as_stream(stream(self, request, topic, group))
+        return await self._as_stream(stream(self, request, topic, group), self._streams)
 
-    async def _as_stream(self, handler: Awaitable[web.StreamResponse]) -> web.StreamResponse:
-        """Run a WebSocket handler as one of the streams shutdown waits for, then cancels."""
+    async def _as_stream(
+        self, handler: Awaitable[web.StreamResponse], streams: set[asyncio.Task[Any]]
+    ) -> web.StreamResponse:
+        """Run a WebSocket handler as one of ``streams`` (open streams, for shutdown)."""
         task = asyncio.current_task()
         assert task is not None
-        self._streams.add(task)
+        streams.add(task)
         try:
             return await handler
         finally:
-            self._streams.discard(task)
+            streams.discard(task)
 
     async def openapi(self, request: web.Request) -> web.StreamResponse:
         from raftq.node.openapi import document

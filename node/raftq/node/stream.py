@@ -33,10 +33,13 @@ request per publish (about a fifth of a round trip on 2 cores). Each frame is on
     server -> client  {"type": "result", "id": N, "result": {"messages": [{seq, duplicate?}]}}
                       {"type": "error", "id": N, "code", "message", "details"}
 
-Frames are applied concurrently (up to 1000 in flight per socket; then the server stops
-reading), so answers may come out of order: match them by ``id``. A frame the socket closed
-under may or may not have been applied; publish again with the same keys (over HTTP or a new
-stream) to find out without storing twice.
+Payloads are raw bytes in binary (msgpack) frames and base64 in text (JSON) frames, whatever
+``format`` the answers use. Frames are applied concurrently (up to 1000, or 2 x the body limit
+in bytes, in flight per socket; then the server stops reading), so answers may come out of
+order: match them by ``id``. A frame over the body limit closes the socket (1009). A frame the
+socket closed under may or may not have been applied; publish again with the same keys (over
+HTTP or a new stream) to find out without storing twice. At shutdown a publish stream stops
+reading, answers what it read, then closes (1001); consumer streams close with 1001 too.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import logging
 import secrets
@@ -65,7 +69,7 @@ MAX_PREFETCH = 1000
 QUERY = frozenset(["prefetch", "visibility", "format", "batch"])
 PUBLISH_QUERY = frozenset(["format"])
 PUBLISH_FIELDS = frozenset(["id", "op", "topic", "messages"])
-MAX_PUBLISHES_IN_FLIGHT = 1000  # per publish stream; beyond it the server stops reading frames
+MAX_PUBLISHES_IN_FLIGHT = 1000  # per publish stream (and 2 x max_body of frames); then it waits
 LEADER_CHECK_S = 1.0  # an idle stream on a node that lost the leadership ends within this
 SEND_TIMEOUT = 30.0  # a client that reads nothing for this long is cut off (its deliveries return)
 CLOSE_GOING_AWAY = 1001  # the node is shutting down
@@ -132,6 +136,11 @@ class _Socket:
                     await self.ws.send_bytes(msgpack.packb(obj, use_bin_type=True))
         except TimeoutError:
             raise ConnectionResetError("the client reads nothing; stream cut off") from None
+
+    async def reply(self, obj: dict[str, Any]) -> None:
+        """``send`` for an answer that may find the socket gone (nobody is left to tell)."""
+        with contextlib.suppress(ConnectionError):
+            await self.send(obj)
 
     def decode(self, data: str | bytes) -> Any:
         if isinstance(data, bytes):
@@ -224,18 +233,18 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                 await sock.send({"type": "result", "id": fid, "result": result})
         except ApiError as e:
             if fid is not None or not checked:
-                await sock.send(_frame_error(fid, e))
+                await sock.reply(_frame_error(fid, e))
         except LeaderLost:
             # Not applied. The client settles over HTTP instead (which finds the new leader);
             # the stream itself ends with CLOSE_LEADER_CHANGED from the delivery loop.
             if fid is not None:
                 lost = ApiError("no_leader", "this node lost the leadership; not applied")
-                await sock.send(_frame_error(fid, lost))
+                await sock.reply(_frame_error(fid, lost))
         except ConnectionError:
             pass  # the socket is gone; the stream's own loop ends it
         except Exception:
             log.exception("stream settle failed")
-            await sock.send(_frame_error(fid, ApiError("internal", "internal error; see the log")))
+            await sock.reply(_frame_error(fid, ApiError("internal", "internal error; see the log")))
 
     settles: set[asyncio.Task[None]] = set()
 
@@ -299,6 +308,8 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
         except ConnectionError:
             pass
         finally:
+            if api.draining.is_set() and close_code == 1000:  # (or cancelled after the grace)
+                close_code, close_msg = CLOSE_GOING_AWAY, b"node shutting down"
             if reader.done() and not reader.cancelled() and reader.exception() is not None:
                 err = reader.exception()
                 if not isinstance(err, ConnectionError):
@@ -327,12 +338,13 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
     ws = sock.ws
     lost = asyncio.Event()  # a publish found this node no longer leads
     room = asyncio.Semaphore(MAX_PUBLISHES_IN_FLIGHT)
+    max_held = 2 * api.settings.max_body  # (an HTTP connection holds one body at a time)
     publishes: set[asyncio.Task[None]] = set()
 
-    async def publish(frame: Any) -> None:
+    async def publish(frame: Any, binary: bool) -> None:
         fid = frame.get("id") if isinstance(frame, dict) else None
-        if isinstance(fid, bool) or not isinstance(fid, int | str):
-            fid = None
+        if not (type(fid) is str or (type(fid) is int and -(2**63) <= fid < 2**64)):
+            fid = None  # (an answer could not carry it)
         code = "unanswered"  # (the socket closed, or the stream ended, before the answer)
         try:
             if not isinstance(frame, dict):
@@ -341,7 +353,8 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
             if fid is None:
                 raise ApiError(
                     "invalid_argument",
-                    "a publish frame needs an id (an integer or a string); its answer carries it",
+                    "a publish frame needs an id (a 64-bit integer or a string); its answer "
+                    "carries it",
                     {"field": "id"},
                 )
             if frame.get("op") != "publish":
@@ -355,30 +368,38 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
             if not isinstance(messages, list):
                 raise ApiError("invalid_argument", "messages must be a list", {"field": "messages"})
             topic = _name(frame.get("topic"), "topic")
-            cmd, size = publish_command(topic, messages, not sock.json)
+            # Payloads as the frame came: raw bytes in a binary (msgpack) frame, base64 in text.
+            cmd, size = publish_command(topic, messages, binary)
             res = await api.call(cmd, size)
             await sock.send({"type": "result", "id": fid, "result": {"messages": res["messages"]}})
             code = "ok"
         except ApiError as e:
             code = e.code
-            await sock.send(_frame_error(fid, e))
+            await sock.reply(_frame_error(fid, e))
         except LeaderLost:  # not applied: the client publishes again where the leader is now
             lost.set()
             code = "no_leader"
             gone = ApiError("no_leader", "this node lost the leadership; not applied")
-            await sock.send(_frame_error(fid, gone))
+            await sock.reply(_frame_error(fid, gone))
         except ConnectionError:
             pass  # the socket is gone; the client learns the outcome by retrying with its keys
         except Exception:
             log.exception("stream publish failed")
             code = "internal"
-            await sock.send(_frame_error(fid, ApiError("internal", "internal error; see the log")))
+            await sock.reply(_frame_error(fid, ApiError("internal", "internal error; see the log")))
         finally:
             api.metrics.stream_publishes.labels(code).inc()
 
-    def done(task: asyncio.Task[None]) -> None:
+    held = [0]  # bytes of the frames in flight
+    freed = asyncio.Event()
+
+    def done(task: asyncio.Task[None], size: int) -> None:
         publishes.discard(task)
         room.release()
+        held[0] -= size
+        freed.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("stream publish failed: %r", task.exception())
 
     async def read_loop() -> None:
         async for msg in ws:
@@ -390,10 +411,16 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
                 bad = ApiError("malformed_body", "frame is not valid JSON or msgpack")
                 await sock.send(_frame_error(None, bad))
                 continue
-            await room.acquire()  # (too many in flight: stop reading; TCP pushes back)
-            task = asyncio.ensure_future(publish(frame))
+            # Too many frames or bytes in flight: stop reading (TCP pushes back on the client).
+            await room.acquire()
+            size = len(msg.data)
+            while publishes and held[0] + size > max_held:
+                freed.clear()
+                await freed.wait()
+            held[0] += size
+            task = asyncio.ensure_future(publish(frame, msg.type == WSMsgType.BINARY))
             publishes.add(task)
-            task.add_done_callback(done)
+            task.add_done_callback(functools.partial(done, size=size))
 
     reader = asyncio.ensure_future(read_loop())
     stop = asyncio.ensure_future(_first(api.draining, lost))
@@ -406,11 +433,11 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
             await asyncio.wait(
                 {reader, stop}, timeout=LEADER_CHECK_S, return_when=asyncio.FIRST_COMPLETED
             )
+    finally:  # (also when shutdown cancels this handler: what was read is still answered)
         if lost.is_set():  # the client reconnects to the new leader
             close_code, close_msg = CLOSE_LEADER_CHANGED, b"leader changed"
         elif api.draining.is_set():
             close_code, close_msg = CLOSE_GOING_AWAY, b"node shutting down"
-    finally:
         stop.cancel()
         if reader.done() and not reader.cancelled() and reader.exception() is not None:
             err = reader.exception()
