@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -15,8 +16,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from raftq.client import AsyncClient, TopicNotFound
+from raftq.client._async import CLOSE_TIMEOUT, _Stream, _StreamClosed
 from raftq.client._core import JSON
+from raftq.client.errors import error_from_body
 from raftq.node.app import build_app
+from raftq.node.httperrors import STATUS_BY_CODE
 from raftq.node.local import LocalRaft
 
 
@@ -185,3 +189,51 @@ async def test_a_server_without_a_publish_stream_is_not_asked_again_at_every_pub
         assert not stream_open(c)
     assert seen.count("GET /publish/stream") == 1
     assert seen.count("POST /topics/t/publish") == 3
+
+
+@pytest.mark.parametrize("code", sorted(STATUS_BY_CODE))
+def test_an_error_frame_raises_what_the_same_error_over_http_raises(code: str) -> None:
+    """Error frames carry no HTTP status: every code must map to its class by itself."""
+    body = {"code": code, "message": "m", "details": {}}
+    assert type(error_from_body(400, body)) is type(error_from_body(STATUS_BY_CODE[code], body))
+
+
+async def test_a_frame_whose_send_fails_may_be_out_so_its_outcome_is_unknown() -> None:
+    class FailingSocket:  # aiohttp writes a frame, then fails while waiting for the drain
+        closed, close_code = False, None
+
+        def __aiter__(self) -> FailingSocket:
+            return self
+
+        async def __anext__(self) -> Any:
+            await asyncio.Event().wait()  # no frames come in (cancelled at the end)
+
+        async def send_bytes(self, data: bytes) -> None:
+            raise ConnectionResetError("reset while draining")
+
+    st = _Stream(FailingSocket(), "http://x", lambda receipts: None)  # type: ignore[arg-type]
+    with pytest.raises(_StreamClosed) as e:
+        await st.call("publish", {"topic": "t", "messages": []}, 1.0)
+    assert e.value.sent  # so the HTTP try carries an unknown outcome, never "not done"
+    st.reader.cancel()
+
+
+async def test_close_does_not_wait_long_for_a_leader_that_stopped_reading() -> None:
+    release = asyncio.Event()
+
+    async def frozen(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await release.wait()  # reads nothing: the closing handshake is never answered
+        return ws
+
+    app, _ = scripted(lambda f: None, stream=False)
+    app.router.add_get("/publish/stream", frozen)
+    async with serve(app) as (url, _):
+        c = AsyncClient(url, timeout=30.0)
+        await c.publish("t", b"warm-up")
+        await until(lambda: stream_open(c))
+        t0 = time.monotonic()
+        await c.close()
+        assert time.monotonic() - t0 < CLOSE_TIMEOUT + 1
+        release.set()

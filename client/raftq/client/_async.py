@@ -175,17 +175,22 @@ class _Stream:
             task.add_done_callback(_ignore_result)
 
     async def call(self, op: str, body: dict[str, Any], timeout: float) -> Any:
+        if not self.open:
+            raise _StreamClosed(sent=False)
         self._ids += 1
         fid = self._ids
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._calls[fid] = fut
+        end = time.monotonic() + timeout
         try:
-            await self.ws.send_bytes(msgpack.packb({"id": fid, "op": op, **body}))
-        except (ConnectionError, RuntimeError) as e:
+            async with asyncio.timeout(timeout):
+                await self.ws.send_bytes(msgpack.packb({"id": fid, "op": op, **body}))
+        except (ConnectionError, RuntimeError, TimeoutError) as e:
+            # aiohttp writes the frame before it waits for the buffer to drain: it may be out.
             self._calls.pop(fid, None)
-            raise _StreamClosed(sent=False) from e
+            raise _StreamClosed(sent=True) from e
         # (not ``asyncio.timeout``: the server's own UnknownOutcome is a TimeoutError too)
-        await asyncio.wait({fut}, timeout=timeout)
+        await asyncio.wait({fut}, timeout=max(0.0, end - time.monotonic()))
         if not fut.done():  # no answer in time: it may or may not have been applied
             self._calls.pop(fid, None)
             fut.cancel()
@@ -229,7 +234,7 @@ class _Publisher:
         """Stop using ``st`` (closed, or it left a publish unanswered); the next one opens anew."""
         if self.stream is st:
             self.stream = None
-        self.client._spawn(st.close())
+        self.client._spawn(_close_within(st, CLOSE_TIMEOUT))
 
     async def _open(self) -> None:
         client = self.client
@@ -267,8 +272,13 @@ class _Publisher:
                 await self.opening
         if self.stream is not None:
             st, self.stream = self.stream, None
-            with contextlib.suppress(TimeoutError):  # (a leader that went silent: no close reply)
-                await asyncio.wait_for(st.close(), CLOSE_TIMEOUT)
+            await _close_within(st, CLOSE_TIMEOUT)
+
+
+async def _close_within(st: _Stream, timeout: float) -> None:
+    """Close a stream, not waiting on a leader gone silent for its closing handshake."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(st.close(), timeout)
 
 
 def _ignore_result(task: asyncio.Future[Any]) -> None:
@@ -544,11 +554,12 @@ class AsyncClient:
         st = self._publisher.get() if self._publisher is not None else None
         if st is None:
             return await self.request(req)
-        start = time.monotonic()
+        end = time.monotonic() + self.timeout
         unknown: UnknownOutcome | None = None
         try:
             body = {"topic": topic, "messages": messages}
-            return await st.call("publish", body, min(self.timeout, self.attempt_timeout))
+            # (half the budget at most: a silent stream leaves time for the HTTP try)
+            return await st.call("publish", body, min(self.timeout / 2, self.attempt_timeout))
         except _StreamClosed as e:
             assert self._publisher is not None
             self._publisher.drop(st)  # (closed, or silent for attempt_timeout: not used again)
@@ -556,10 +567,10 @@ class AsyncClient:
                 unknown = UnknownOutcome(f"{st.url}: the publish stream gave no answer")
         except UnknownOutcome as e:
             unknown = e
-        except Unavailable:
-            pass  # not applied (no leader there, stopping, overloaded): over HTTP it goes
-        left = self.timeout - (time.monotonic() - start)
-        return await self.request(req, timeout=max(0.0, left), unknown=unknown)
+        except Unavailable as e:  # not applied (no leader there, stopping, overloaded)
+            delay = core.retry_delay(e, req, 0, end - time.monotonic())
+            await asyncio.sleep(delay or 0)  # (backing off, as HTTP would)
+        return await self.request(req, timeout=max(0.0, end - time.monotonic()), unknown=unknown)
 
     # ------------------------------------------------------------------ consume
 

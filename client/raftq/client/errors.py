@@ -150,6 +150,8 @@ BY_CODE.update(
         "unsupported_media_type": InvalidArgument,
         "not_acceptable": InvalidArgument,
         "body_too_large": InvalidArgument,
+        "entry_too_large": MessageTooLarge,
+        "membership_refused": Conflict,
         "route_not_found": NotFound,
         "method_not_allowed": InvalidArgument,
         "upgrade_required": InvalidArgument,
