@@ -179,23 +179,29 @@ class _Stream:
             raise _StreamClosed(sent=False)
         self._ids += 1
         fid = self._ids
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
         self._calls[fid] = fut
-        end = time.monotonic() + timeout
+        # No answer in time ends the call as "may have been applied" (a timer, not
+        # ``asyncio.wait``: cheaper, and the server's own UnknownOutcome is a TimeoutError too).
+        timer = loop.call_later(timeout, self._expire, fid)
         try:
-            async with asyncio.timeout(timeout):
-                await self.ws.send_bytes(msgpack.packb({"id": fid, "op": op, **body}))
-        except (ConnectionError, RuntimeError, TimeoutError) as e:
-            # aiohttp writes the frame before it waits for the buffer to drain: it may be out.
-            self._calls.pop(fid, None)
-            raise _StreamClosed(sent=True) from e
-        # (not ``asyncio.timeout``: the server's own UnknownOutcome is a TimeoutError too)
-        await asyncio.wait({fut}, timeout=max(0.0, end - time.monotonic()))
-        if not fut.done():  # no answer in time: it may or may not have been applied
-            self._calls.pop(fid, None)
-            fut.cancel()
-            raise _StreamClosed(sent=True)
-        return fut.result()
+            try:
+                async with asyncio.timeout(timeout):  # (the send may wait for a full buffer)
+                    await self.ws.send_bytes(msgpack.packb({"id": fid, "op": op, **body}))
+            except (ConnectionError, RuntimeError, TimeoutError) as e:
+                # aiohttp writes the frame before it waits for the buffer to drain: it may be
+                # out.
+                self._calls.pop(fid, None)
+                raise _StreamClosed(sent=True) from e
+            return await fut
+        finally:
+            timer.cancel()
+
+    def _expire(self, fid: int) -> None:
+        fut = self._calls.pop(fid, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(_StreamClosed(sent=True))
 
     async def close(self) -> None:
         self._flush_acks()  # acks given before leaving the loop go out before the close
@@ -550,12 +556,12 @@ class AsyncClient:
     async def _publish(self, topic: str, messages: list[dict[str, Any]]) -> Any:
         """One publish request: over the publish stream when one is open, else (or when the
         stream cannot give a definite answer) over HTTP, with the same idempotency keys."""
-        req = rq.publish_batch(topic, messages)
         st = self._publisher.get() if self._publisher is not None else None
         if st is None:
-            return await self.request(req)
+            return await self.request(rq.publish_batch(topic, messages))
         end = time.monotonic() + self.timeout
         unknown: UnknownOutcome | None = None
+        refused: Unavailable | None = None
         try:
             body = {"topic": topic, "messages": messages}
             # (half the budget at most: a silent stream leaves time for the HTTP try)
@@ -568,8 +574,10 @@ class AsyncClient:
         except UnknownOutcome as e:
             unknown = e
         except Unavailable as e:  # not applied (no leader there, stopping, overloaded)
-            delay = core.retry_delay(e, req, 0, end - time.monotonic())
-            await asyncio.sleep(delay or 0)  # (backing off, as HTTP would)
+            refused = e
+        req = rq.publish_batch(topic, messages)
+        if refused is not None:  # back off first, as HTTP would
+            await asyncio.sleep(core.retry_delay(refused, req, 0, end - time.monotonic()) or 0)
         return await self.request(req, timeout=max(0.0, end - time.monotonic()), unknown=unknown)
 
     # ------------------------------------------------------------------ consume

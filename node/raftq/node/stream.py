@@ -388,8 +388,9 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
             code = "internal"
             await sock.reply(_frame_error(fid, ApiError("internal", "internal error; see the log")))
         finally:
-            api.metrics.stream_publishes.labels(code).inc()
+            (answered if code == "ok" else api.metrics.stream_publishes.labels(code)).inc()
 
+    answered = api.metrics.stream_publishes.labels("ok")
     held = [0]  # bytes of the frames in flight
     freed = asyncio.Event()
 
