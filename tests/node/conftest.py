@@ -15,6 +15,14 @@ Client = TestClient[web.Request, web.Application]
 
 
 @pytest.fixture
+async def node() -> AsyncIterator[tuple[LocalRaft, Client]]:
+    """One in-process node (a 64 KiB body limit, to test it cheaply) and a client of it."""
+    raft = LocalRaft()
+    async with TestClient(TestServer(build_app(raft, NodeSettings(max_body=64 * 1024)))) as c:
+        yield raft, c
+
+
+@pytest.fixture
 async def leader_and_follower() -> AsyncIterator[tuple[LocalRaft, Client, LocalRaft, Client]]:
     """Two in-process nodes: n1 leads, n2 follows it (and forwards to it)."""
     leader = LocalRaft("n1")

@@ -7,18 +7,16 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import msgpack
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from raftq.cluster.errors import ERRORS_BY_CODE
 from raftq.cluster.state import Broker
-from raftq.node.app import API_KEY, NodeSettings, build_app
+from raftq.node.app import API_KEY, build_app
 from raftq.node.httperrors import STATUS_BY_CODE
 from raftq.node.local import LocalRaft
 from raftq.node.openapi import document
@@ -30,8 +28,7 @@ from raftq.node.raftapi import (
     ReadNotReady,
     UnknownOutcome,
 )
-
-Client = TestClient[web.Request, web.Application]
+from tests.node.inprocess import Client
 
 
 def b64(data: bytes) -> str:
@@ -40,14 +37,6 @@ def b64(data: bytes) -> str:
 
 def name() -> str:
     return "t-" + uuid.uuid4().hex[:10]
-
-
-@pytest.fixture
-async def node() -> AsyncIterator[tuple[LocalRaft, Client]]:
-    raft = LocalRaft()
-    app = build_app(raft, NodeSettings(max_body=64 * 1024))
-    async with TestClient(TestServer(app)) as client:
-        yield raft, client
 
 
 async def post(client: Client, path: str, body: Any, status: int = 200) -> Any:

@@ -7,38 +7,18 @@ import asyncio
 import base64
 import gzip
 import json
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
-import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
-from raftq.node.app import NodeSettings, build_app
 from raftq.node.local import LocalRaft
+from tests.node.inprocess import Client, topic_of
 
-Client = TestClient[web.Request, web.Application]
 JSON = {"Content-Type": "application/json"}
 
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-@pytest.fixture
-async def node() -> AsyncIterator[tuple[LocalRaft, Client]]:
-    raft = LocalRaft()
-    async with TestClient(TestServer(build_app(raft, NodeSettings(max_body=64 * 1024)))) as c:
-        yield raft, c
-
-
-async def topic_of(client: Client) -> str:
-    topic = "t-" + uuid.uuid4().hex[:10]
-    r = await client.post("/topics", json={"topic": topic})
-    assert r.status == 201, await r.text()
-    return topic
 
 
 async def error(r: Any, status: int, code: str) -> dict[str, Any]:

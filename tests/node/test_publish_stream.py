@@ -6,36 +6,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import msgpack
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from raftq.node.app import STREAM_GRACE_S, NodeSettings, build_app
+from raftq.node.app import STREAM_GRACE_S, build_app
 from raftq.node.local import LocalRaft
 from raftq.node.stream import CLOSE_GOING_AWAY, CLOSE_LEADER_CHANGED
+from tests.node.inprocess import Client, topic_of
 
-Client = TestClient[web.Request, web.Application]
 PATH = "/publish/stream"
-
-
-@pytest.fixture
-async def node() -> AsyncIterator[tuple[LocalRaft, Client]]:
-    raft = LocalRaft()
-    async with TestClient(TestServer(build_app(raft, NodeSettings(max_body=64 * 1024)))) as c:
-        yield raft, c
-
-
-async def topic_of(client: Client) -> str:
-    topic = "t-" + uuid.uuid4().hex[:10]
-    r = await client.post("/topics", json={"topic": topic})
-    assert r.status == 201, await r.text()
-    return topic
 
 
 def stored(raft: LocalRaft, topic: str) -> list[bytes]:

@@ -310,21 +310,9 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
         finally:
             if api.draining.is_set() and close_code == 1000:  # (or cancelled after the grace)
                 close_code, close_msg = CLOSE_GOING_AWAY, b"node shutting down"
-            if reader.done() and not reader.cancelled() and reader.exception() is not None:
-                err = reader.exception()
-                if not isinstance(err, ConnectionError):
-                    log.error("stream reader failed: %r", err)
-                    close_code, close_msg = 1011, b"internal error reading frames"
-            if not reader.done():
-                reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
             # Settles the client sent before it closed still count: let them finish first,
             # then give back whatever is still in flight.
-            if settles:
-                await asyncio.wait(set(settles), timeout=api.settings.propose_timeout + 1)
-            with contextlib.suppress(Exception):
-                await ws.close(code=close_code, message=close_msg)
+            await _end(api, ws, reader, settles, close_code, close_msg)
             api.spawn(api.release(consumer))
     return ws
 
@@ -440,24 +428,36 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
         elif api.draining.is_set():
             close_code, close_msg = CLOSE_GOING_AWAY, b"node shutting down"
         stop.cancel()
-        if reader.done() and not reader.cancelled() and reader.exception() is not None:
-            err = reader.exception()
-            if not isinstance(err, ConnectionError):
-                log.error("publish stream reader failed: %r", err)
-                close_code, close_msg = 1011, b"internal error reading frames"
-        if not reader.done():
-            reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await reader
         # Publishes already read are answered before the close (frames not read yet are not
         # applied; the client's retry with the same keys publishes them once).
-        if publishes:
-            await asyncio.wait(set(publishes), timeout=api.settings.propose_timeout + 1)
-        for task in list(publishes):
-            task.cancel()
-        with contextlib.suppress(Exception):
-            await ws.close(code=close_code, message=close_msg)
+        await _end(api, ws, reader, publishes, close_code, close_msg)
     return ws
+
+
+async def _end(
+    api: Api,
+    ws: web.WebSocketResponse,
+    reader: asyncio.Future[None],
+    pending: set[asyncio.Task[None]],
+    close_code: int,
+    close_msg: bytes,
+) -> None:
+    """End a stream: stop reading frames, let those already read finish (bounded), close."""
+    if reader.done() and not reader.cancelled() and reader.exception() is not None:
+        err = reader.exception()
+        if not isinstance(err, ConnectionError):
+            log.error("stream reader failed: %r", err)
+            close_code, close_msg = 1011, b"internal error reading frames"
+    if not reader.done():
+        reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await reader
+    if pending:
+        await asyncio.wait(set(pending), timeout=api.settings.propose_timeout + 1)
+    for task in list(pending):
+        task.cancel()
+    with contextlib.suppress(Exception):
+        await ws.close(code=close_code, message=close_msg)
 
 
 async def _first(*events: asyncio.Event) -> None:
