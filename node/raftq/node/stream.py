@@ -52,10 +52,11 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import msgpack
-from aiohttp import WSMsgType, web
+from aiohttp import WSMessage, WSMsgType, web
 
 from raftq.node import codec
 from raftq.node.httperrors import ApiError
@@ -146,6 +147,19 @@ class _Socket:
         if isinstance(data, bytes):
             return msgpack.unpackb(data, raw=False)
         return json.loads(data)
+
+    async def frames(self) -> AsyncIterator[tuple[Any, WSMessage]]:
+        """The client's data frames, decoded (one that does not decode is answered here)."""
+        async for msg in self.ws:
+            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                continue
+            try:
+                frame = self.decode(msg.data)
+            except (ValueError, msgpack.UnpackException, RecursionError):
+                bad = ApiError("malformed_body", "frame is not valid JSON or msgpack")
+                await self.send(_frame_error(None, bad))
+                continue
+            yield frame, msg
 
 
 def _frame_error(fid: Any, e: ApiError) -> dict[str, Any]:
@@ -249,15 +263,7 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
     settles: set[asyncio.Task[None]] = set()
 
     async def read_loop() -> None:
-        async for msg in ws:
-            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
-                continue
-            try:
-                frame = sock.decode(msg.data)
-            except (ValueError, msgpack.UnpackException, RecursionError):
-                bad = ApiError("malformed_body", "frame is not valid JSON or msgpack")
-                await sock.send(_frame_error(None, bad))
-                continue
+        async for frame, _ in sock.frames():
             task = asyncio.ensure_future(settle(frame))
             settles.add(task)
             task.add_done_callback(settles.discard)
@@ -391,15 +397,7 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
             log.error("stream publish failed: %r", task.exception())
 
     async def read_loop() -> None:
-        async for msg in ws:
-            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
-                continue
-            try:
-                frame = sock.decode(msg.data)
-            except (ValueError, msgpack.UnpackException, RecursionError):
-                bad = ApiError("malformed_body", "frame is not valid JSON or msgpack")
-                await sock.send(_frame_error(None, bad))
-                continue
+        async for frame, msg in sock.frames():
             # Too many frames or bytes in flight: stop reading (TCP pushes back on the client).
             await room.acquire()
             size = len(msg.data)
