@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -237,3 +238,55 @@ async def test_close_does_not_wait_long_for_a_leader_that_stopped_reading() -> N
         await c.close()
         assert time.monotonic() - t0 < CLOSE_TIMEOUT + 1
         release.set()
+
+
+async def test_a_call_whose_send_blocks_past_its_timeout_leaves_no_future_unretrieved() -> None:
+    class StuckSocket:  # the server stopped reading: the send waits for the buffer to drain
+        closed, close_code = False, None
+
+        def __aiter__(self) -> StuckSocket:
+            return self
+
+        async def __anext__(self) -> Any:
+            await asyncio.Event().wait()
+
+        async def send_bytes(self, data: bytes) -> None:
+            await asyncio.Event().wait()
+
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    try:
+        st = _Stream(StuckSocket(), "http://x", lambda receipts: None)  # type: ignore[arg-type]
+
+        async def sent(st: _Stream) -> bool:  # (no traceback kept: it holds the future)
+            try:
+                await st.call("publish", {"topic": "t", "messages": []}, 0.1)
+            except _StreamClosed as e:
+                return e.sent
+            return False
+
+        assert await sent(st)
+        assert st._calls == {}
+        st.reader.cancel()
+        await asyncio.sleep(0)
+        del st
+        gc.collect()
+        await asyncio.sleep(0)
+        assert errors == []  # (before: "Future exception was never retrieved")
+    finally:
+        loop.set_exception_handler(None)
+
+
+async def test_a_closed_client_opens_no_publish_stream(
+    node: tuple[LocalRaft, str, list[str]],
+) -> None:
+    _, url, _ = node
+    c = AsyncClient(url)
+    await c.create_topic("t")
+    await c.publish("t", b"x")  # starts opening the stream
+    await c.close()
+    assert c._publisher is not None
+    c._publisher.retry_at = 0.0  # (no backoff left either)
+    assert c._publisher.get() is None and c._publisher.opening is None
+    assert c._publisher.stream is None

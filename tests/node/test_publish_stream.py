@@ -13,6 +13,7 @@ import msgpack
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from raftq.node import stream
 from raftq.node.app import STREAM_GRACE_S, build_app
 from raftq.node.local import LocalRaft
 from raftq.node.stream import CLOSE_GOING_AWAY, CLOSE_LEADER_CHANGED
@@ -225,3 +226,26 @@ async def test_shutdown_answers_the_publishes_in_flight_then_closes() -> None:
         assert ws.close_code == CLOSE_GOING_AWAY
         await asyncio.wait_for(closing, 10)
     assert stored(raft, "t") == [b"p"]
+
+
+async def test_a_stream_whose_answers_cannot_be_sent_is_closed(
+    node: tuple[LocalRaft, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer that cannot go out (the client reads nothing for SEND_TIMEOUT, or is gone)
+    ends the stream instead of leaving it to take more frames."""
+    raft, client = node
+    topic = await topic_of(client)
+    send = stream._Socket.send
+
+    async def failing(self: Any, obj: dict[str, Any]) -> None:
+        if obj.get("type") == "result":
+            raise ConnectionResetError("the client reads nothing; stream cut off")
+        await send(self, obj)
+
+    monkeypatch.setattr(stream._Socket, "send", failing)
+    async with client.ws_connect(PATH) as ws:
+        frame = {"id": 1, "op": "publish", "topic": topic, "messages": [{"payload": b"p"}]}
+        await ws.send_bytes(msgpack.packb(frame))
+        msg = await asyncio.wait_for(ws.receive(), 5)
+        assert (msg.type, msg.data) == (aiohttp.WSMsgType.CLOSE, 1008)
+    assert stored(raft, topic) == [b"p"]  # applied: the client finds out by its key

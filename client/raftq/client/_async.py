@@ -197,6 +197,11 @@ class _Stream:
             return await fut
         finally:
             timer.cancel()
+            self._calls.pop(fid, None)
+            if not fut.done():  # (the caller was cancelled, or the send failed)
+                fut.cancel()
+            elif not fut.cancelled():
+                fut.exception()  # retrieved: the call raised its own error already
 
     def _expire(self, fid: int) -> None:
         fut = self._calls.pop(fid, None)
@@ -224,9 +229,14 @@ class _Publisher:
         self.stream: _Stream | None = None
         self.opening: asyncio.Task[None] | None = None
         self.retry_at = 0.0
-        self.failures = 0  # opens failed in a row (an unreachable leader address: back off)
+        # Opens since a publish was last answered over a stream: an unreachable leader address
+        # or a leader that takes streams but never answers backs off.
+        self.failures = 0
+        self.closed = False
 
     def get(self) -> _Stream | None:
+        if self.closed:
+            return None
         st = self.stream
         if st is not None and st.open:
             return st
@@ -263,15 +273,18 @@ class _Publisher:
                     if 400 <= e.status < 500 and e.status != 429:
                         self.retry_at = time.monotonic() + self.REFUSED_S
                     return
+                if self.closed:  # (the client closed meanwhile)
+                    await ws.close()
+                    return
                 self.stream = _Stream(ws, url, client._ack_all_later)
-                self.failures = 0
                 return
-        except (aiohttp.ClientError, OSError, TimeoutError, RaftqError):
-            return  # (over HTTP meanwhile; tried again after RETRY_S)
+        except (aiohttp.ClientError, OSError, TimeoutError, RaftqError, RuntimeError, ValueError):
+            return  # (over HTTP meanwhile; tried again after the backoff)
         finally:
             self.opening = None
 
     async def close(self) -> None:
+        self.closed = True
         if self.opening is not None:
             self.opening.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -556,8 +569,9 @@ class AsyncClient:
     async def _publish(self, topic: str, messages: list[dict[str, Any]]) -> Any:
         """One publish request: over the publish stream when one is open, else (or when the
         stream cannot give a definite answer) over HTTP, with the same idempotency keys."""
-        st = self._publisher.get() if self._publisher is not None else None
-        if st is None:
+        publisher = self._publisher
+        st = publisher.get() if publisher is not None else None
+        if st is None or publisher is None:
             return await self.request(rq.publish_batch(topic, messages))
         end = time.monotonic() + self.timeout
         unknown: UnknownOutcome | None = None
@@ -565,10 +579,11 @@ class AsyncClient:
         try:
             body = {"topic": topic, "messages": messages}
             # (half the budget at most: a silent stream leaves time for the HTTP try)
-            return await st.call("publish", body, min(self.timeout / 2, self.attempt_timeout))
+            res = await st.call("publish", body, min(self.timeout / 2, self.attempt_timeout))
+            publisher.failures = 0  # (a stream that answers: no backoff)
+            return res
         except _StreamClosed as e:
-            assert self._publisher is not None
-            self._publisher.drop(st)  # (closed, or silent for attempt_timeout: not used again)
+            publisher.drop(st)  # (closed, or silent for attempt_timeout: not used again)
             if e.sent:  # (it may have been applied: the HTTP try finds out, by the keys)
                 unknown = UnknownOutcome(f"{st.url}: the publish stream gave no answer")
         except UnknownOutcome as e:

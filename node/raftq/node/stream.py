@@ -331,6 +331,7 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
     sock = await _Socket.open(api, request, _leader_stream(api, request))
     ws = sock.ws
     lost = asyncio.Event()  # a publish found this node no longer leads
+    broken = asyncio.Event()  # an answer could not be sent: the client is gone or reads nothing
     room = asyncio.Semaphore(MAX_PUBLISHES_IN_FLIGHT)
     max_held = 2 * api.settings.max_body  # (an HTTP connection holds one body at a time)
     publishes: set[asyncio.Task[None]] = set()
@@ -365,6 +366,8 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
             # Payloads as the frame came: raw bytes in a binary (msgpack) frame, base64 in text.
             cmd, size = publish_command(topic, messages, binary)
             res = await api.call(cmd, size)
+            if ws.closed:
+                raise ConnectionResetError("the socket closed before the answer")
             await sock.send({"type": "result", "id": fid, "result": {"messages": res["messages"]}})
             code = "ok"
         except ApiError as e:
@@ -375,8 +378,8 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
             code = "no_leader"
             gone = ApiError("no_leader", "this node lost the leadership; not applied")
             await sock.reply(_frame_error(fid, gone))
-        except ConnectionError:
-            pass  # the socket is gone; the client learns the outcome by retrying with its keys
+        except ConnectionError:  # (the client learns the outcome by retrying with its keys)
+            broken.set()
         except Exception:
             log.exception("stream publish failed")
             code = "internal"
@@ -410,7 +413,7 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
             task.add_done_callback(functools.partial(done, size=size))
 
     reader = asyncio.ensure_future(read_loop())
-    stop = asyncio.ensure_future(_first(api.draining, lost))
+    stop = asyncio.ensure_future(_first(api.draining, lost, broken))
     close_code, close_msg = 1000, b"done"
     try:
         while not reader.done() and not stop.done():
@@ -425,6 +428,8 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
             close_code, close_msg = CLOSE_LEADER_CHANGED, b"leader changed"
         elif api.draining.is_set():
             close_code, close_msg = CLOSE_GOING_AWAY, b"node shutting down"
+        elif broken.is_set():
+            close_code, close_msg = 1008, b"answers are not read"
         stop.cancel()
         # Publishes already read are answered before the close (frames not read yet are not
         # applied; the client's retry with the same keys publishes them once).
