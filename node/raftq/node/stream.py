@@ -39,7 +39,9 @@ in bytes, in flight per socket; then the server stops reading), so answers may c
 order: match them by ``id``. A frame over the body limit closes the socket (1009). A frame the
 socket closed under may or may not have been applied; publish again with the same keys (over
 HTTP or a new stream) to find out without storing twice. At shutdown a publish stream stops
-reading, answers what it read, then closes (1001); consumer streams close with 1001 too.
+reading, answers what it read, then closes (1001); consumer streams close with 1001 too. One
+whose answer cannot be sent (a client gone, or reading nothing for ``SEND_TIMEOUT``) closes
+(1008).
 """
 
 from __future__ import annotations
