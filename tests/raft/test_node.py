@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from raftq.cluster.raft import (
+    _LOGGED,
     ELECTION_MAX,
     EntryTooLarge,
     NotLeader,
@@ -24,6 +25,7 @@ from raftq.cluster.raft import (
     RaftError,
     RaftNode,
     UnknownOutcome,
+    _Pending,
     _Wait,
 )
 from raftq.cluster.storage import DiskFile, OsDisk
@@ -1024,3 +1026,27 @@ async def test_a_deposed_leader_whose_pings_still_arrive_cannot_read(three: Node
     assert leader.is_leader()  # as far as it knows
     with pytest.raises(NotLeader):
         await leader.read_barrier(2.0)
+
+
+async def test_a_proposal_superseded_in_the_leaders_log_has_an_unknown_outcome() -> None:
+    """An older entry of ours at an index this leader now fills was not committed yet, but a
+    later leader that still holds it may commit it: "not applied" would be a lie (a review
+    found this with 5 nodes and three elections), so its proposer is told "unknown"."""
+    ns = Nodes(None, 1)
+    node = ns.start("n1")
+    try:
+        await ns.leader()
+        await node.propose([{"op": "create_topic", "topic": "t"}])
+        journal = node._journal
+        assert journal is not None
+        idx = journal[-1][1] + 1
+        loop = asyncio.get_running_loop()
+        old = _Pending(loop.create_future(), loop, state=_LOGGED, index=idx, term=0)
+        with node._qlock:
+            node._pending[idx] = old  # as if an entry of an earlier term of ours were cut here
+        new = await node.propose([pub("t", b"new")])
+        assert new[0]["messages"][0]["seq"] == 1
+        with pytest.raises(UnknownOutcome):
+            await asyncio.wait_for(old.fut, 5)
+    finally:
+        await ns.close()

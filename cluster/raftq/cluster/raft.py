@@ -1347,11 +1347,12 @@ class RaftNode:
                 p.state, p.index, p.term, p.logged_at = _LOGGED, idx, term, time.monotonic()
                 prev = self._pending.get(idx)
                 if prev is not None and prev.state == _LOGGED:
-                    # An older entry of ours at this index is gone from the leader's log, so it
-                    # was never committed (a committed entry is in every later leader's log).
+                    # An older entry of ours at this index is gone from this leader's log: it
+                    # is not committed yet, but a later leader that still holds it may commit
+                    # it (with 5 nodes, after more elections), so its outcome is unknown.
                     prev.state = _DONE
-                    err = NotLeader(f"entry {idx} was superseded; not applied")
-                    self._done.append((prev, None, err))
+                    gone = UnknownOutcome(f"entry {idx} was superseded here; it may yet commit")
+                    self._done.append((prev, None, gone))
                 self._pending[idx] = p
                 added += 1
         if added:
