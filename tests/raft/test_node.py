@@ -1050,3 +1050,61 @@ async def test_a_proposal_superseded_in_the_leaders_log_has_an_unknown_outcome()
             await asyncio.wait_for(old.fut, 5)
     finally:
         await ns.close()
+
+
+@pytest.mark.parametrize("failure", ["restore fails", "no space for the new journal"])
+async def test_a_follower_that_fails_to_install_a_snapshot_acks_nothing(
+    tmp_path: Path, failure: str
+) -> None:
+    """pysyncobj swallows a failed install and acks the follower's old log end, which the
+    leader would count toward commit for entries the follower does not hold (a review)."""
+    import msgpack
+
+    from raftq.cluster.state import Broker
+    from raftq.cluster.storage import seal
+
+    p1, p2 = free_ports(2)
+    peers = {"n2": (f"127.0.0.1:{p2}", "127.0.0.1:2")}
+    node = RaftNode(RaftConfig("n1", f"127.0.0.1:{p1}", "127.0.0.1:1", peers, str(tmp_path),
+                               None, insecure=True))  # fmt: skip
+    node.start()
+    try:
+        b = node._b
+        journal = node._journal
+        assert journal is not None
+        peer = next(iter(b._SyncObj__otherNodes))
+        sent: list[Any] = []
+        with node._tick_lock:
+            for i in range(2, 7):  # a tail of its own (say, a deposed leader's)
+                journal.add(b"\x00x", i, 1)
+            journal.sync()
+            nodes = [[peer.id, "n2", ""], [f"127.0.0.1:{p1}", "n1", ""]]
+            snap = [1, [b"\x00", 4, 2], [b"\x00", 3, 2], nodes, Broker().snapshot()]
+            blob = seal(msgpack.packb(snap, use_bin_type=True))
+            if failure == "restore fails":
+
+                def refuse(data: Any) -> None:
+                    raise ValueError("a snapshot of a newer version")
+
+                node.broker.restore = refuse  # type: ignore[method-assign]
+            else:
+
+                class FullDisk(OsDisk):
+                    def create(self, path: str) -> DiskFile:
+                        raise OSError(28, "No space left on device")
+
+                journal._disk = FullDisk()
+            term = b._SyncObj__raftCurrentTerm + 1
+            node._on_message(peer, {"type": "append_entries", "term": term, "commit_index": 4,
+                                    "serialized": (blob, True, True)})  # fmt: skip
+
+            def record(to: Any, msg: Any) -> bool:
+                sent.append(msg)
+                return True
+
+            node._send_now = record  # type: ignore[method-assign,assignment]
+            node._after_tick()
+        assert node._fatal is not None
+        assert not [m for m in sent if m.get("type") == "next_node_idx"]
+    finally:
+        await node.stop()

@@ -1258,10 +1258,15 @@ class RaftNode:
                 self._sync(journal)
         self._mark_commit(self._closed)
         self._bound_reads()
+        if journal._broken is not None:  # (pysyncobj swallows a failed snapshot install)
+            self._fail(journal._broken)
         if self._acks:
             acks, self._acks = self._acks, []
-            for node, msg in acks:
-                self._send_now(node, msg)
+            # A node that failed (a snapshot it could not install, a journal it could not
+            # write) acks nothing: the ack would claim entries it does not hold.
+            if self._fatal is None:
+                for node, msg in acks:
+                    self._send_now(node, msg)
         if self._reads:
             self._check_reads()
         self._deliver_all()
