@@ -157,6 +157,77 @@ def test_records_overwrite_the_zero_filled_space_ahead(tmp_path: Path) -> None:
     assert _reopen(path) == [*entries[50:90], (b"new", 91, 2), (b"after", 92, 2)]
 
 
+def test_the_zero_filler_syncs_through_a_file_of_its_own(tmp_path: Path) -> None:
+    """Linux reports a writeback error to one fsync per open file: a filler syncing the
+    journal's own file could take the error the journal's sync must see (a review)."""
+    import threading
+
+    synced: list[tuple[int, str]] = []
+
+    class Watched(FileWrapper):
+        def sync(self) -> None:
+            synced.append((id(self), threading.current_thread().name))
+            super().sync()
+
+    class WatchedDisk(OsDisk):
+        def open(self, path: str) -> DiskFile:
+            return Watched(super().open(path))
+
+        def create(self, path: str) -> DiskFile:
+            return Watched(super().create(path))
+
+    path = tmp_path / "journal.log"
+    j = Journal(WatchedDisk(), str(path), None, chunk=64 << 10)
+    for i in range(100):  # ~500 KB: several fills
+        j.add(os.urandom(5000), i + 1, 1)
+        j.sync()
+    j._wait_fill()
+    journal_file = id(j._file)
+    fillers = {f for f, thread in synced if thread == "journal-zero-fill"}
+    j._destroy()
+    assert fillers and journal_file not in fillers
+
+
+def test_records_kept_by_a_cut_are_synced_before_it(tmp_path: Path) -> None:
+    """A follower's unsynced entries 2-4 conflict with a new leader's at 3: entry 2 must be
+    durable before 3' is written over the cut, or one fdatasync covers both and a power loss
+    that keeps 3' but drops 2 reads as corruption at restart (a review)."""
+    ops: list[str] = []
+
+    class Watched(FileWrapper):
+        def write_at(self, offset: int, data: bytes) -> None:
+            if any(data):  # (not the zero fill)
+                ops.append("write")
+            super().write_at(offset, data)
+
+        def sync(self) -> None:
+            ops.append("sync")
+            super().sync()
+
+        def truncate(self, size: int) -> None:
+            ops.append("truncate")
+            super().truncate(size)
+
+    class WatchedDisk(OsDisk):
+        def open(self, path: str) -> DiskFile:
+            return Watched(super().open(path))
+
+    path = tmp_path / "journal.log"
+    j = Journal(WatchedDisk(), str(path), None)
+    j.add(b"\x01", 1, 0)
+    j.sync()
+    for i in (2, 3, 4):
+        j.add(b"old" * 30, i, 1)
+    ops.clear()
+    j.deleteEntriesFrom(2)  # (positions: indexes 3 and 4 go)
+    j.add(b"new" * 30, 3, 2)
+    j.sync()
+    j._destroy()
+    cut = ops.index("truncate")
+    assert "sync" in ops[ops.index("write") : cut]  # kept records synced before the cut
+    assert _reopen(path) == [(b"\x01", 1, 0), (b"old" * 30, 2, 1), (b"new" * 30, 3, 2)]
+
+
 @pytest.mark.parametrize("where", ["payload", "length", "magic"])
 def test_corrupt_record_before_the_end_stops_with_the_file_name(tmp_path: Path, where: str) -> None:
     path = tmp_path / "journal.log"
