@@ -22,6 +22,13 @@ from tests.node.inprocess import Client, topic_of
 PATH = "/publish/stream"
 
 
+@pytest.fixture
+async def with_topic(node: tuple[LocalRaft, Client]) -> tuple[LocalRaft, Client, str]:
+    """The in-process node, its client, and a fresh topic on it."""
+    raft, client = node
+    return raft, client, await topic_of(client)
+
+
 def stored(raft: LocalRaft, topic: str) -> list[bytes]:
     return [m["payload"] for m in raft.read(lambda b: b.peek(topic, None, 100))]
 
@@ -37,10 +44,9 @@ async def answer(ws: aiohttp.ClientWebSocketResponse, frame: Any) -> dict[str, A
 
 
 async def test_publishes_are_answered_after_apply_and_deduplicated_by_key(
-    node: tuple[LocalRaft, Client],
+    with_topic: tuple[LocalRaft, Client, str],
 ) -> None:
-    raft, client = node
-    topic = await topic_of(client)
+    raft, client, topic = with_topic
     async with client.ws_connect(PATH) as ws:
         got = await answer(ws, {"id": 1, "op": "publish", "topic": topic, "messages": [
             {"payload": b"a", "key": "k1"}, {"payload": b"b", "headers": {"h": "v"}}]})  # fmt: skip
@@ -63,10 +69,9 @@ async def test_publishes_are_answered_after_apply_and_deduplicated_by_key(
 
 
 async def test_concurrent_frames_share_group_commit_and_each_gets_its_own_answer(
-    node: tuple[LocalRaft, Client],
+    with_topic: tuple[LocalRaft, Client, str],
 ) -> None:
-    raft, client = node
-    topic = await topic_of(client)
+    raft, client, topic = with_topic
     async with client.ws_connect(PATH) as ws:
         for i in range(50):
             frame = {"id": i, "op": "publish", "topic": topic, "messages": [{"payload": b"%d" % i}]}
@@ -115,10 +120,9 @@ DROP = object()
     ],
 )
 async def test_a_bad_frame_gets_an_error_frame_naming_the_problem_and_the_stream_lives_on(
-    node: tuple[LocalRaft, Client], frame: Any, fid: Any, code: str
+    with_topic: tuple[LocalRaft, Client, str], frame: Any, fid: Any, code: str
 ) -> None:
-    raft, client = node
-    topic = await topic_of(client)
+    raft, client, topic = with_topic
     if isinstance(frame, dict) and frame.get("topic") == "T":
         frame["topic"] = topic
     async with client.ws_connect(PATH) as ws:
@@ -137,10 +141,9 @@ async def test_a_bad_frame_gets_an_error_frame_naming_the_problem_and_the_stream
 
 
 async def test_a_frame_over_the_body_limit_closes_the_stream_with_1009(
-    node: tuple[LocalRaft, Client],
+    with_topic: tuple[LocalRaft, Client, str],
 ) -> None:
-    raft, client = node
-    topic = await topic_of(client)
+    raft, client, topic = with_topic
     async with client.ws_connect(PATH) as ws:
         frame = {"id": 1, "op": "publish", "topic": topic, "messages": [{"payload": b"x" * 70_000}]}
         await ws.send_bytes(msgpack.packb(frame))
@@ -149,9 +152,8 @@ async def test_a_frame_over_the_body_limit_closes_the_stream_with_1009(
     assert stored(raft, topic) == []
 
 
-async def test_json_frames_carry_base64_payloads(node: tuple[LocalRaft, Client]) -> None:
-    raft, client = node
-    topic = await topic_of(client)
+async def test_json_frames_carry_base64_payloads(with_topic: tuple[LocalRaft, Client, str]) -> None:
+    raft, client, topic = with_topic
     async with client.ws_connect(PATH + "?format=json") as ws:
         payload = base64.b64encode(b"\x00\xff").decode()
         frame = {"id": 1, "op": "publish", "topic": topic, "messages": [{"payload": payload}]}
@@ -165,10 +167,9 @@ async def test_json_frames_carry_base64_payloads(node: tuple[LocalRaft, Client])
 
 
 async def test_text_frames_on_a_msgpack_socket_are_read_as_json_with_base64_payloads(
-    node: tuple[LocalRaft, Client],
+    with_topic: tuple[LocalRaft, Client, str],
 ) -> None:
-    raft, client = node
-    topic = await topic_of(client)
+    raft, client, topic = with_topic
     async with client.ws_connect(PATH) as ws:  # (format msgpack: its answers are binary)
         frame = {"id": 1, "op": "publish", "topic": topic, "messages": [{"payload": "AP8="}]}
         got = await answer(ws, json.dumps(frame))
@@ -229,12 +230,11 @@ async def test_shutdown_answers_the_publishes_in_flight_then_closes() -> None:
 
 
 async def test_a_stream_whose_answers_cannot_be_sent_is_closed(
-    node: tuple[LocalRaft, Client], monkeypatch: pytest.MonkeyPatch
+    with_topic: tuple[LocalRaft, Client, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An answer that cannot go out (the client reads nothing for SEND_TIMEOUT, or is gone)
     ends the stream instead of leaving it to take more frames."""
-    raft, client = node
-    topic = await topic_of(client)
+    raft, client, topic = with_topic
     send = stream._Socket.send
 
     async def failing(self: Any, obj: dict[str, Any]) -> None:
