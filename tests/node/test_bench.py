@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pytest
+
 from raftq.node.bench import Nats, per_round, ratios, summarize
 
 FAKE_BENCH = """
@@ -47,3 +49,11 @@ def test_nats_rounds_interleave_and_give_medians_and_ratios(tmp_path: Path) -> N
     mine = [{"case": "(a) sync publish 100B", "run": k, "rate": 600.0} for k in (1, 2, 3)]
     (a,) = (r for r in ratios(ours, nats) if r["case"].startswith("(a)"))
     assert per_round(a, mine, anchor.rows) == [1.0, 1.2, 600 / 700]
+
+
+def test_a_nats_side_that_fails_ends_the_bench_naming_the_extra(tmp_path: Path) -> None:
+    (tmp_path / "start_nats.sh").write_text("exit 1\n")  # (say, Debian's nats-server 2.9)
+    anchor = Nats(str(tmp_path), argparse.Namespace(sizes="100", n=100, secs=1.0))
+    with pytest.raises(SystemExit, match=r"pip install -e '\.\[bench\]'"):
+        anchor.start()
+    anchor.stop()

