@@ -984,6 +984,22 @@ def test_redrive_tolerates_a_forged_redrive_counter(h: Harness) -> None:
 # ---------------------------------------------------------------- queries
 
 
+def test_may_deliver_says_no_only_when_a_receive_would_deliver_nothing(h: Harness) -> None:
+    assert h.b.may_deliver("nope", "default")  # the receive reports the missing topic
+    h.topic("t")
+    assert h.b.may_deliver("t", "nope")  # ... or the missing group
+    assert not h.b.may_deliver("t", "default")  # empty
+    h.publish("t", b"1")
+    assert h.b.may_deliver("t", "default")  # fresh
+    d = h.receive(max=1)
+    assert not h.b.may_deliver("t", "default")  # all in flight
+    h("nack", receipts=[d[0]["receipt"]], delay=0)
+    assert h.b.may_deliver("t", "default")  # ready again
+    d = h.receive(max=1)
+    h("nack", receipts=[d[0]["receipt"]], delay=60)
+    assert not h.b.may_deliver("t", "default")  # only delayed
+
+
 def test_group_stats_count_each_state_and_the_oldest_age(h: Harness) -> None:
     h.topic("t")
     h.publish("t", b"1", b"2", b"3", b"4")

@@ -1207,6 +1207,16 @@ class Broker:
     def list_topics(self) -> list[str]:
         return list(self.topics)
 
+    def may_deliver(self, topic: str, group: str) -> bool:
+        """Cheap over-approximation of "a receive would deliver something now" (a false
+        positive costs the caller one empty receive; a false negative never happens). A
+        missing topic or group says yes, so the receive itself reports it."""
+        t = self.topics.get(topic)
+        g = t.groups.get(group) if t is not None else None
+        if t is None or g is None:
+            return True
+        return bool(g.ready) or g.cursor < t.next_seq
+
     def topic_stats(self, name: str) -> dict[str, Any]:
         t = self._topic({"topic": name})
         oldest = t.get(t.oldest_seq()) if t.count else None
