@@ -21,7 +21,7 @@ from raftq.client._async import CLOSE_TIMEOUT, _Stream, _StreamClosed
 from raftq.client._core import JSON
 from raftq.client.errors import error_from_body
 from raftq.node.app import build_app
-from raftq.node.httperrors import STATUS_BY_CODE
+from raftq.node.errors import STATUS_BY_CODE
 from raftq.node.local import LocalRaft
 
 

@@ -14,9 +14,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from raftq.node import stream
-from raftq.node.app import STREAM_GRACE_S, build_app
+from raftq.node.app import build_app
 from raftq.node.local import LocalRaft
-from raftq.node.stream import CLOSE_GOING_AWAY, CLOSE_LEADER_CHANGED
+from raftq.node.stream import CLOSE_GOING_AWAY, CLOSE_LEADER_CHANGED, STREAM_GRACE_S
 from tests.node.inprocess import Client, topic_of
 
 PATH = "/publish/stream"

@@ -1,4 +1,5 @@
-"""Request and response bodies: JSON by default, msgpack on request.
+"""Bodies on the wire: JSON by default, msgpack on request (pure: no aiohttp; ``httpio`` applies
+these rules to requests and responses).
 
 A request body is msgpack when its ``Content-Type`` is ``application/msgpack`` (or
 ``application/x-msgpack``, ``application/vnd.msgpack``), JSON otherwise. A response is msgpack
@@ -17,17 +18,16 @@ import math
 from typing import Any
 
 import msgpack
-from aiohttp import web
 
-from raftq.node.httperrors import ApiError
+from raftq.node.errors import ApiError
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"
 _MSGPACK_TYPES = frozenset([MSGPACK, "application/x-msgpack", "application/vnd.msgpack"])
 
 
-def is_msgpack_request(request: web.BaseRequest) -> bool:
-    return request.content_type in _MSGPACK_TYPES
+def is_msgpack_type(content_type: str) -> bool:
+    return content_type in _MSGPACK_TYPES
 
 
 _RANGE_RANK = {"*/*": 0, "application/*": 1}
@@ -58,10 +58,10 @@ def _accept_q(accept: str) -> tuple[float, float]:
     return best["json"][1], best["msgpack"][1]
 
 
-def check_accept(request: web.BaseRequest) -> None:
+def check_accept(accept: str) -> None:
     """Refuse (406) up front an ``Accept`` that allows neither format: after the handler ran,
     a refusal would hide that the command was applied."""
-    accept = request.headers.get("Accept", "").strip()
+    accept = accept.strip()
     if accept and accept not in (JSON, MSGPACK) and max(_accept_q(accept)) <= 0:
         raise ApiError(
             "not_acceptable",
@@ -70,17 +70,18 @@ def check_accept(request: web.BaseRequest) -> None:
         )
 
 
-def wants_msgpack(request: web.BaseRequest) -> bool:
-    accept = request.headers.get("Accept", "").strip()
+def prefers_msgpack(accept: str, msgpack_body: bool) -> bool:
+    """Whether to answer in msgpack: as ``Accept`` prefers, else as the request body came."""
+    accept = accept.strip()
     if not accept:
-        return is_msgpack_request(request)
+        return msgpack_body
     if accept == JSON:
         return False
     if accept == MSGPACK:
         return True
     q_json, q_msgpack = _accept_q(accept)
     if q_json == q_msgpack:
-        return is_msgpack_request(request)
+        return msgpack_body
     return q_msgpack > q_json
 
 
@@ -159,33 +160,6 @@ def check_frame(obj: Any) -> None:
     _check_values(obj, 0)
 
 
-def query_one(request: web.BaseRequest, name: str) -> str | None:
-    """A query parameter given at most once (``?limit=1&limit=5000`` is refused, not guessed)."""
-    values = request.query.getall(name, [])
-    if len(values) > 1:
-        raise ApiError("invalid_argument", f"{name} is given more than once", {"field": name})
-    return values[0] if values else None
-
-
-async def read_raw(request: web.Request) -> bytes:
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as e:
-        raise ApiError("body_too_large", e.text or "request body too large") from None
-    except web.RequestPayloadError as e:  # a Content-Encoding that does not decode, a cut body
-        # The rest of the body cannot be skipped: answer, then close the connection (aiohttp
-        # would fail again reading the rest, and log that as unhandled).
-        request.content.feed_eof()
-        message = " ".join(str(e).split())
-        raise ApiError(
-            "malformed_body", f"request body could not be read: {message}", close=True
-        ) from None
-
-
-async def read_body(request: web.Request) -> dict[str, Any]:
-    return decode_body(await read_raw(request), is_msgpack_request(request))
-
-
 def _jsonable(obj: Any) -> Any:
     if isinstance(obj, bytes):
         return base64.b64encode(obj).decode("ascii")
@@ -200,16 +174,6 @@ def encode(obj: Any, use_msgpack: bool) -> tuple[bytes, str]:
     if use_msgpack:
         return msgpack.packb(obj, use_bin_type=True), MSGPACK
     return json.dumps(_jsonable(obj), separators=(",", ":")).encode(), JSON
-
-
-def respond(
-    request: web.BaseRequest,
-    obj: Any,
-    status: int = 200,
-    headers: dict[str, str] | None = None,
-) -> web.Response:
-    body, ctype = encode(obj, wants_msgpack(request))
-    return web.Response(body=body, status=status, content_type=ctype, headers=headers)
 
 
 def payload_in(value: Any, field: str, msgpack_body: bool) -> bytes:

@@ -1,4 +1,4 @@
-"""HTTP errors: the one table from error ``code`` to HTTP status, and the JSON error body.
+"""The node's errors: the one table from error ``code`` to HTTP status, and ``ApiError``.
 
 Every error response is ``{"code", "message", "details"}``. Domain codes come from
 ``raftq.cluster.errors`` (the state machine); the node adds codes for transport-level problems

@@ -1,16 +1,22 @@
-"""The OpenAPI 3 document served at ``/openapi.json``.
-
-Written by hand from one table (``OPERATIONS``); a test checks that its paths and methods are
-exactly the app's routes, so it cannot drift silently. JSON bodies carry payloads as base64;
-send ``Content-Type: application/msgpack`` / ``Accept: application/msgpack`` for msgpack with raw
-bytes. Errors are always JSON ``{"code", "message", "details"}``.
+"""The OpenAPI 3 document served at ``/openapi.json``, derived from the route tables
+(``routes.Route``: summary, path and query parameters, body and response schemas), so every
+route is documented and nothing else is. The schemas are written here. JSON bodies carry
+payloads as base64; send ``Content-Type: application/msgpack`` / ``Accept:
+application/msgpack`` for msgpack with raw bytes. Errors are always JSON ``{"code",
+"message", "details"}``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from raftq.node.httperrors import STATUS_BY_CODE
+from raftq.cluster.validate import NAME_RE
+from raftq.node.errors import STATUS_BY_CODE
+
+if TYPE_CHECKING:
+    from raftq.node.routes import Query, Route
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -148,100 +154,6 @@ SCHEMAS: dict[str, Any] = {
     "Any": ANY,
 }
 
-TG = "/topics/{topic}/groups/{group}"
-# (method, path, summary, request schema or None, success status, response schema)
-OPERATIONS: list[tuple[str, str, str, str | None, int, str]] = [
-    ("GET", "/topics", "List topic names", None, 200, "TopicList"),
-    (
-        "POST",
-        "/topics",
-        "Create a topic (with groups; default group 'default')",
-        "CreateTopic",
-        201,
-        "Any",
-    ),
-    ("GET", "/topics/{topic}", "Topic stats, config and groups", None, 200, "Any"),
-    ("PATCH", "/topics/{topic}", "Change topic config", "UpdateTopic", 200, "Any"),
-    ("DELETE", "/topics/{topic}", "Delete a topic", None, 200, "Any"),
-    ("POST", "/topics/{topic}/purge", "Drop every retained message", "Empty", 200, "Any"),
-    ("GET", "/topics/{topic}/groups", "Group stats of a topic", None, 200, "Any"),
-    ("POST", "/topics/{topic}/groups", "Create a consumer group", "CreateGroup", 201, "Any"),
-    ("GET", TG, "Group stats and config", None, 200, "Any"),
-    ("PATCH", TG, "Change group config", "UpdateGroup", 200, "Any"),
-    ("DELETE", TG, "Delete a group", None, 200, "Any"),
-    ("POST", TG + "/purge", "Settle everything pending in a group", "Empty", 200, "Any"),
-    (
-        "POST",
-        TG + "/receive",
-        "Receive deliveries (long poll up to 20 s)",
-        "Receive",
-        200,
-        "Deliveries",
-    ),
-    (
-        "GET",
-        TG + "/stream",
-        "WebSocket streaming consumer (see raftq.node.stream; query "
-        "prefetch, visibility, format, batch); a follower redirects (307) to the leader",
-        None,
-        101,
-        "Any",
-    ),
-    ("POST", "/topics/{topic}/messages", "Publish one message", "Message", 200, "Published"),
-    (
-        "GET",
-        "/topics/{topic}/messages",
-        "Peek retained messages (e.g. dead letters)",
-        None,
-        200,
-        "Peek",
-    ),
-    ("POST", "/topics/{topic}/publish", "Publish a batch", "PublishBatch", 200, "PublishedBatch"),
-    (
-        "GET",
-        "/publish/stream",
-        "WebSocket publisher: each frame is one batch publish, answered after commit (see "
-        "raftq.node.stream; query format); a follower redirects (307) to the leader",
-        None,
-        101,
-        "Any",
-    ),
-    (
-        "POST",
-        "/topics/{topic}/redrive",
-        "Move dead letters back to their source group",
-        "Redrive",
-        200,
-        "Any",
-    ),
-    ("POST", "/ack", "Acknowledge deliveries", "Receipts", 200, "SettleResult"),
-    (
-        "POST",
-        "/nack",
-        "Fail deliveries (retry after delay or backoff)",
-        "Nack",
-        200,
-        "SettleResult",
-    ),
-    ("POST", "/extend", "Extend visibility deadlines", "Extend", 200, "SettleResult"),
-    ("POST", "/term", "Dead-letter deliveries now", "Term", 200, "SettleResult"),
-    (
-        "POST",
-        "/consumers/{consumer}/release",
-        "Give back every delivery of a consumer",
-        "Empty",
-        200,
-        "Any",
-    ),
-    ("GET", "/cluster", "This node, its role, the leader and the members", None, 200, "Cluster"),
-    ("POST", "/cluster/members", "Add a member (start it first)", "AddMember", 200, "Any"),
-    ("DELETE", "/cluster/members/{node}", "Remove a member", "Empty", 200, "Any"),
-    ("GET", "/healthz", "Process is alive", None, 200, "Any"),
-    ("GET", "/readyz", "Has a leader and is caught up (503 otherwise)", None, 200, "Any"),
-    ("GET", "/metrics", "Prometheus metrics (text format)", None, 200, "Any"),
-    ("GET", "/openapi.json", "This document", None, 200, "Any"),
-]
-
 _ERR = {"content": {"application/json": {"schema": _ref("Error")}}}
 
 
@@ -252,32 +164,66 @@ def _content(schema: str) -> dict[str, Any]:
     }
 
 
-def document() -> dict[str, Any]:
+NAME = {"type": "string", "pattern": f"^{NAME_RE.pattern}$"}
+_PATH_PARAM = re.compile(r"{(\w+)}")
+_PATH_DOC = {"topic": "a topic name", "group": "a consumer group name"}
+
+
+def _query(q: Query) -> dict[str, Any]:
+    schema: dict[str, Any]
+    if q.kind == "flag":
+        schema = {"type": "string", "enum": ["1", "true"]}
+    elif q.choices:
+        schema = {"type": "string", "enum": list(q.choices)}
+    else:
+        schema = {"type": q.kind}
+        if q.lo is not None:
+            schema["minimum"] = q.lo
+        if q.hi is not None:
+            schema["maximum"] = q.hi
+    if q.default is not None:
+        schema["default"] = q.default
+    out: dict[str, Any] = {"name": q.name, "in": "query", "schema": schema}
+    if q.doc:
+        out["description"] = q.doc
+    return out
+
+
+def _operation(route: Route) -> dict[str, Any]:
+    params: list[dict[str, Any]] = []
+    for p in _PATH_PARAM.findall(route.path):
+        schema = NAME if p in ("topic", "group", "node") else S
+        doc = route.params.get(p) or _PATH_DOC.get(p, p)
+        params.append(
+            {"name": p, "in": "path", "required": True, "schema": schema, "description": doc}
+        )
+    params += [_query(q) for q in route.query]
+    if route.answer == "text/plain":
+        content: dict[str, Any] = {"text/plain": {"schema": S}}
+    else:
+        content = _content(route.answer)
+    responses: dict[str, Any] = {
+        str(status): {"description": "switching to WebSocket" if status == 101 else "OK"}
+        | ({} if status == 101 else {"content": content})
+        for status in route.ok
+    }
+    responses.setdefault("4XX", {"description": "client error", **_ERR})
+    responses.setdefault("503", {"description": "no leader / overloaded (see Retry-After)", **_ERR})
+    op: dict[str, Any] = {
+        "summary": route.summary,
+        "operationId": f"{route.method.lower()}_{route.path}",
+        "parameters": params,
+        "responses": responses,
+    }
+    if route.body is not None:
+        op["requestBody"] = {"required": route.body != "Empty", "content": _content(route.body)}
+    return op
+
+
+def document(routes: Sequence[Route]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
-    for method, path, summary, req, status, resp in OPERATIONS:
-        params = [
-            {"name": p, "in": "path", "required": True, "schema": S}
-            for p in ("topic", "group", "consumer")
-            if "{" + p + "}" in path
-        ]
-        if method == "GET" and path == "/topics/{topic}/messages":
-            params += [
-                {"name": "from_seq", "in": "query", "schema": I},
-                {"name": "limit", "in": "query", "schema": I},
-            ]
-        op: dict[str, Any] = {
-            "summary": summary,
-            "operationId": f"{method.lower()}_{path}",
-            "parameters": params,
-            "responses": {
-                str(status): {"description": "OK", "content": _content(resp)},
-                "4XX": {"description": "client error", **_ERR},
-                "503": {"description": "no leader / overloaded (see Retry-After)", **_ERR},
-            },
-        }
-        if req is not None:
-            op["requestBody"] = {"required": req != "Empty", "content": _content(req)}
-        paths.setdefault(path, {})[method.lower()] = op
+    for route in routes:
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
     return {
         "openapi": "3.0.3",
         "info": {

@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from raftq.node.app import NodeSettings, build_app
+from raftq.node.commands import host_port
 from raftq.node.raftapi import Raft
 
 log = logging.getLogger("raftq.node")
@@ -52,10 +53,11 @@ class NodeOptions:
 
 
 def split_hostport(value: str, what: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+    """A ``--listen``-style address (``commands.host_port``; IPv6 with or without brackets)."""
+    hp = host_port(value, bare_ipv6=True)
+    if hp is None:
         raise ValueError(f"{what} must be host:port, got {value!r}")
-    return host, int(port)
+    return hp
 
 
 def parse_peers(spec: str) -> dict[str, tuple[str, str]]:

@@ -54,64 +54,48 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
 
 import msgpack
 from aiohttp import WSMessage, WSMsgType, web
 
-from raftq.node import codec
-from raftq.node.httperrors import ApiError
-
-if TYPE_CHECKING:
-    from raftq.node.app import Api
+from raftq.node import codec, commands
+from raftq.node.errors import ApiError
+from raftq.node.routes import Query, Route, path_name, query
+from raftq.node.service import BrokerService, LeaderLost
 
 log = logging.getLogger(__name__)
 
 MAX_PREFETCH = 1000
-QUERY = frozenset(["prefetch", "visibility", "format", "batch"])
-PUBLISH_QUERY = frozenset(["format"])
-PUBLISH_FIELDS = frozenset(["id", "op", "topic", "messages"])
+FORMAT = Query(
+    "format",
+    choices=("msgpack", "json"),
+    default="msgpack",
+    doc="frame format: msgpack (binary frames) or json (text frames, payloads base64)",
+)
+PUBLISH_FIELDS = dict.fromkeys(("id", "op", "topic", "messages"), commands.ANY)
+STREAM_GRACE_S = 1.0  # at shutdown, consumer streams still open after this are cancelled
 MAX_PUBLISHES_IN_FLIGHT = 1000  # per publish stream (and 2 x max_body of frames); then it waits
 LEADER_CHECK_S = 1.0  # an idle stream on a node that lost the leadership ends within this
 SEND_TIMEOUT = 30.0  # a client that reads nothing for this long is cut off (its deliveries return)
 CLOSE_GOING_AWAY = 1001  # the node is shutting down
 CLOSE_LEADER_CHANGED = 4001
-SETTLE_OPS = {"ack": (), "nack": ("delay",), "extend": ("seconds",), "term": ("reason",)}
 
 
-def _query_number(request: web.Request, name: str, lo: float, hi: float) -> float | None:
-    raw = codec.query_one(request, name)
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not lo <= value <= hi:
-        raise ApiError(
-            "invalid_argument", f"{name} must be a number between {lo} and {hi}", {"field": name}
-        )
-    return value
-
-
-def _leader_stream(api: Api, request: web.Request) -> str:
-    """What every stream checks before it upgrades: the ``format`` asked for (returned), a
-    WebSocket upgrade, and that this node leads (a follower redirects to the leader)."""
-    fmt = codec.query_one(request, "format") or "msgpack"
-    if fmt not in ("msgpack", "json"):
-        raise ApiError("invalid_argument", "format must be msgpack or json", {"field": "format"})
+def _leader_stream(svc: BrokerService, request: web.Request) -> str:
+    """What every stream checks before it upgrades: a WebSocket upgrade, and that this node
+    leads (a follower redirects to the leader); returns the ``format`` asked for."""
     if not web.WebSocketResponse().can_prepare(request).ok:
         raise ApiError(
             "upgrade_required", "this endpoint streams over a WebSocket: send Upgrade: websocket"
         )
-    if not api.raft.is_leader():
-        leader = api.raft.status().leader_api
-        if not leader:
-            raise ApiError("no_leader", "no leader is known; retry", retry_after=1)
+    if not svc.leads():
+        leader = svc.leader_elsewhere().api
         raise web.HTTPTemporaryRedirect(
             f"http://{leader}{request.path_qs}", headers={"X-Raftq-Leader": f"http://{leader}"}
         )
+    fmt: str = query(request)["format"]
     return fmt
 
 
@@ -123,8 +107,8 @@ class _Socket:
         self.json = fmt == "json"
 
     @classmethod
-    async def open(cls, api: Api, request: web.Request, fmt: str) -> _Socket:
-        ws = web.WebSocketResponse(heartbeat=10.0, max_msg_size=api.settings.max_body)
+    async def open(cls, svc: BrokerService, request: web.Request, fmt: str) -> _Socket:
+        ws = web.WebSocketResponse(heartbeat=10.0, max_msg_size=svc.settings.max_body)
         await ws.prepare(request)
         return cls(ws, fmt)
 
@@ -178,20 +162,19 @@ def _b64(obj: Any) -> Any:
     return obj
 
 
-async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.StreamResponse:
-    from raftq.node.app import LeaderLost  # app imports this module
-
-    prefetch = int(_query_number(request, "prefetch", 1, MAX_PREFETCH) or 10)
-    visibility = _query_number(request, "visibility", 0.001, 12 * 3600)
-    batch_arg = codec.query_one(request, "batch") or "0"
-    if batch_arg not in ("0", "1"):
-        raise ApiError("invalid_argument", "batch must be 0 or 1", {"field": "batch"})
-    batch = batch_arg == "1"
+async def consume(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    """``GET /topics/{topic}/groups/{group}/stream``: deliveries pushed over one WebSocket,
+    settles read from it (see the module docstring)."""
+    topic, group = path_name(request, "topic"), path_name(request, "group")
+    q = query(request)
+    prefetch = int(q["prefetch"])
+    visibility = q["visibility"]
+    batch = q["batch"] == "1"
     low_water = max(1, prefetch // 4)
-    fmt = _leader_stream(api, request)
+    fmt = _leader_stream(svc, request)
     # The group must exist before the socket opens, so a typo is a plain 404.
-    api.read(lambda b: b.group_stats(topic, group))
-    sock = await _Socket.open(api, request, fmt)
+    svc.read(lambda b: b.group_stats(topic, group))
+    sock = await _Socket.open(svc, request, fmt)
     ws = sock.ws
     consumer = f"ws-{secrets.token_hex(8)}"
     outstanding: dict[str, int] = {}  # receipt -> deadline (ms)
@@ -213,30 +196,15 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                 raise ApiError("malformed_body", "a frame must be a map")
             codec.check_frame(frame)
             op = frame.get("op")
-            if not isinstance(op, str) or op not in SETTLE_OPS:
+            if not isinstance(op, str) or op not in commands.SETTLE_FIELDS:
                 raise ApiError(
                     "invalid_argument", "frame needs op ack, nack, extend or term", {"field": "op"}
                 )
-            allowed = {"id", "op", "receipts", *SETTLE_OPS[op]}
-            unknown = sorted(str(k) for k in frame if k not in allowed)
-            if unknown:
-                raise ApiError(
-                    "unknown_field", f"unknown field(s) {', '.join(unknown)}", {"fields": unknown}
-                )
-            receipts = frame.get("receipts")
-            if (
-                not isinstance(receipts, list)
-                or not receipts
-                or not all(isinstance(r, str) for r in receipts)
-            ):
-                raise ApiError(
-                    "invalid_argument",
-                    "receipts must be a non-empty list of strings",
-                    {"field": "receipts"},
-                )
+            # The same rules as the HTTP routes (POST /ack ...).
+            cmd = commands.settle(op, {k: v for k, v in frame.items() if k not in ("id", "op")})
             checked = True
-            cmd = {k: v for k, v in frame.items() if k != "id" and v is not None}
-            result = await api.call(cmd)
+            result = await svc.call(cmd)
+            receipts: list[str] = cmd["receipts"]
             if op == "extend":
                 for r in receipts:
                     if r in outstanding:
@@ -272,11 +240,11 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
 
     reader = asyncio.ensure_future(read_loop())
     close_code, close_msg = 1000, b"done"
-    with api.hold_consumer(consumer, stream=True):
+    with svc.hold_consumer(consumer, stream=True):
         try:
             loop = asyncio.get_running_loop()
-            while not ws.closed and not reader.done() and not api.draining.is_set():
-                if not api.raft.is_leader():  # looked at least every LEADER_CHECK_S, idle or not
+            while not ws.closed and not reader.done() and not svc.draining.is_set():
+                if not svc.leads():  # looked at least every LEADER_CHECK_S, idle or not
                     raise LeaderLost()
                 now_ms = time.time() * 1000
                 for r in [r for r, d in outstanding.items() if d <= now_ms]:
@@ -292,12 +260,12 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
                     continue
                 # Propose a receive only when one may deliver (a cheap read): an empty receive
                 # costs a commit round, and a publish applied meanwhile would wait for it.
-                if not await api._wait_deliverable(topic, group, loop.time() + LEADER_CHECK_S):
+                if not await svc.wait_deliverable(topic, group, loop.time() + LEADER_CHECK_S):
                     continue
-                res = await api.call({**receive, "max": room, "token": secrets.token_bytes(16)})
+                res = await svc.call({**receive, "max": room, "token": secrets.token_bytes(16)})
                 deliveries = res["deliveries"]
                 if not deliveries:
-                    await api._wait_deliverable(topic, group, loop.time() + LEADER_CHECK_S)
+                    await svc.wait_deliverable(topic, group, loop.time() + LEADER_CHECK_S)
                     continue
                 for d in deliveries:
                     outstanding[d["receipt"]] = d["deadline"]
@@ -316,29 +284,27 @@ async def stream(api: Api, request: web.Request, topic: str, group: str) -> web.
         except ConnectionError:
             pass
         finally:
-            if api.draining.is_set() and close_code == 1000:  # (or cancelled after the grace)
+            if svc.draining.is_set() and close_code == 1000:  # (or cancelled after the grace)
                 close_code, close_msg = CLOSE_GOING_AWAY, b"node shutting down"
             # Settles the client sent before it closed still count: let them finish first,
             # then give back whatever is still in flight.
-            await _end(api, ws, reader, settles, close_code, close_msg)
-            api.spawn(api.release(consumer))
+            await _end(svc, ws, reader, settles, close_code, close_msg)
+            svc.spawn(svc.release(consumer))
     return ws
 
 
-async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
+async def publish(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     """``GET /publish/stream``: publishes over one WebSocket, each answered after commit and
     apply, exactly as ``POST /topics/{topic}/publish`` (see the module docstring)."""
-    from raftq.node.app import LeaderLost, _name, publish_command  # app imports this module
-
-    sock = await _Socket.open(api, request, _leader_stream(api, request))
+    sock = await _Socket.open(svc, request, _leader_stream(svc, request))
     ws = sock.ws
     lost = asyncio.Event()  # a publish found this node no longer leads
     broken = asyncio.Event()  # an answer could not be sent: the client is gone or reads nothing
     room = asyncio.Semaphore(MAX_PUBLISHES_IN_FLIGHT)
-    max_held = 2 * api.settings.max_body  # (an HTTP connection holds one body at a time)
+    max_held = 2 * svc.settings.max_body  # (an HTTP connection holds one body at a time)
     publishes: set[asyncio.Task[None]] = set()
 
-    async def publish(frame: Any, binary: bool) -> None:
+    async def publish_frame(frame: Any, binary: bool) -> None:
         fid = frame.get("id") if isinstance(frame, dict) else None
         if not (type(fid) is str or (type(fid) is int and -(2**63) <= fid < 2**64)):
             fid = None  # (an answer could not carry it)
@@ -356,18 +322,14 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
                 )
             if frame.get("op") != "publish":
                 raise ApiError("invalid_argument", "frame needs op publish", {"field": "op"})
-            unknown = sorted(str(k) for k in frame if k not in PUBLISH_FIELDS)
-            if unknown:
-                raise ApiError(
-                    "unknown_field", f"unknown field(s) {', '.join(unknown)}", {"fields": unknown}
-                )
+            commands.check_fields(frame, PUBLISH_FIELDS)
             messages = frame.get("messages")
             if not isinstance(messages, list):
                 raise ApiError("invalid_argument", "messages must be a list", {"field": "messages"})
-            topic = _name(frame.get("topic"), "topic")
+            topic = commands.name(frame.get("topic"), "topic")
             # Payloads as the frame came: raw bytes in a binary (msgpack) frame, base64 in text.
-            cmd, size = publish_command(topic, messages, binary)
-            res = await api.call(cmd, size)
+            cmd, size = commands.publish(topic, messages, binary)
+            res = await svc.call(cmd, size)
             if ws.closed:
                 raise ConnectionResetError("the socket closed before the answer")
             await sock.send({"type": "result", "id": fid, "result": {"messages": res["messages"]}})
@@ -387,9 +349,9 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
             code = "internal"
             await sock.reply(_frame_error(fid, ApiError("internal", "internal error; see the log")))
         finally:
-            (answered if code == "ok" else api.metrics.stream_publishes.labels(code)).inc()
+            (answered if code == "ok" else svc.metrics.stream_publishes.labels(code)).inc()
 
-    answered = api.metrics.stream_publishes.labels("ok")
+    answered = svc.metrics.stream_publishes.labels("ok")
     held = [0]  # bytes of the frames in flight
     freed = asyncio.Event()
 
@@ -410,16 +372,16 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
                 freed.clear()
                 await freed.wait()
             held[0] += size
-            task = asyncio.ensure_future(publish(frame, msg.type == WSMsgType.BINARY))
+            task = asyncio.ensure_future(publish_frame(frame, msg.type == WSMsgType.BINARY))
             publishes.add(task)
             task.add_done_callback(functools.partial(done, size=size))
 
     reader = asyncio.ensure_future(read_loop())
-    stop = asyncio.ensure_future(_first(api.draining, lost, broken))
+    stop = asyncio.ensure_future(_first(svc.draining, lost, broken))
     close_code, close_msg = 1000, b"done"
     try:
         while not reader.done() and not stop.done():
-            if not api.raft.is_leader():  # looked at least every LEADER_CHECK_S, idle or not
+            if not svc.leads():  # looked at least every LEADER_CHECK_S, idle or not
                 lost.set()
                 break
             await asyncio.wait(
@@ -428,19 +390,19 @@ async def publish_stream(api: Api, request: web.Request) -> web.StreamResponse:
     finally:  # (also when shutdown cancels this handler: what was read is still answered)
         if lost.is_set():  # the client reconnects to the new leader
             close_code, close_msg = CLOSE_LEADER_CHANGED, b"leader changed"
-        elif api.draining.is_set():
+        elif svc.draining.is_set():
             close_code, close_msg = CLOSE_GOING_AWAY, b"node shutting down"
         elif broken.is_set():
             close_code, close_msg = 1008, b"answers are not read"
         stop.cancel()
         # Publishes already read are answered before the close (frames not read yet are not
         # applied; the client's retry with the same keys publishes them once).
-        await _end(api, ws, reader, publishes, close_code, close_msg)
+        await _end(svc, ws, reader, publishes, close_code, close_msg)
     return ws
 
 
 async def _end(
-    api: Api,
+    svc: BrokerService,
     ws: web.WebSocketResponse,
     reader: asyncio.Future[None],
     pending: set[asyncio.Task[None]],
@@ -458,7 +420,7 @@ async def _end(
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await reader
     if pending:
-        await asyncio.wait(set(pending), timeout=api.settings.propose_timeout + 1)
+        await asyncio.wait(set(pending), timeout=svc.settings.propose_timeout + 1)
     for task in list(pending):
         task.cancel()
     with contextlib.suppress(Exception):
@@ -472,3 +434,75 @@ async def _first(*events: asyncio.Event) -> None:
     finally:
         for w in waits:
             w.cancel()
+
+
+class Streams:
+    """The open streams, for shutdown: publishers end by themselves once what they read is
+    answered (bounded by the propose timeout), so no answer is lost to a grace period;
+    consumers still open ``STREAM_GRACE_S`` after shutdown began are cancelled (their cleanup
+    still releases their consumer)."""
+
+    def __init__(self, svc: BrokerService) -> None:
+        self.svc = svc
+        self.consumers: set[asyncio.Task[Any]] = set()
+        self.publishers: set[asyncio.Task[Any]] = set()
+        svc.metrics.gauge(
+            "raftq_streams_open", "open WebSocket streams (consumers and publishers)",
+            lambda: len(self.consumers) + len(self.publishers),
+        )  # fmt: skip
+
+    async def run(
+        self, handler: Awaitable[web.StreamResponse], streams: set[asyncio.Task[Any]]
+    ) -> web.StreamResponse:
+        """Run a WebSocket handler as one of ``streams``."""
+        task = asyncio.current_task()
+        assert task is not None
+        streams.add(task)
+        try:
+            return await handler
+        finally:
+            streams.discard(task)
+
+    async def on_shutdown(self, app: web.Application) -> None:
+        # Streams notice draining at their next turn; one still blocked after a grace period
+        # is cancelled, so shutdown stays bounded.
+        if self.consumers:
+            asyncio.get_running_loop().call_later(STREAM_GRACE_S, self._cancel_consumers)
+
+    def _cancel_consumers(self) -> None:
+        if not self.consumers:
+            return
+        self.svc.release_streams()
+        for task in list(self.consumers):
+            task.cancel()
+
+
+STREAMS: web.AppKey[Streams] = web.AppKey("streams", Streams)
+
+
+async def consume_stream(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    streams = request.app[STREAMS]
+    return await streams.run(consume(svc, request), streams.consumers)
+
+
+async def publish_stream(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    streams = request.app[STREAMS]
+    return await streams.run(publish(svc, request), streams.publishers)
+
+
+ROUTES = [
+    Route("GET", "/topics/{topic}/groups/{group}/stream", consume_stream,
+          "WebSocket streaming consumer (see raftq.node.stream); a follower redirects (307) to "
+          "the leader", stream=True, ok=(101,),
+          query=(Query("prefetch", kind="number", lo=1, hi=MAX_PREFETCH, default=10,
+                       doc="unsettled deliveries kept out at once"),
+                 Query("visibility", kind="number", lo=0.001, hi=12 * 3600,
+                       doc="visibility timeout of each delivery, seconds (else the group's)"),
+                 FORMAT,
+                 Query("batch", choices=("0", "1"), default="0",
+                       doc="1: the deliveries of one receive in one frame"))),
+    Route("GET", "/publish/stream", publish_stream,
+          "WebSocket publisher: each frame is one batch publish, answered after commit (see "
+          "raftq.node.stream); a follower redirects (307) to the leader",
+          stream=True, ok=(101,), query=(FORMAT,)),
+]  # fmt: skip

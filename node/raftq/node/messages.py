@@ -1,0 +1,173 @@
+"""HTTP routes for messages: publish (one, a batch), peek, redrive, receive (long poll), settle
+(ack / nack / extend / term), release a consumer.
+
+A receive is the one route with a dead man's switch: deliveries whose client goes away before
+the response is written are released at once (``BrokerService.handing_out``); a follower that
+forwards a receive names its consumer and does the same on its hop (``forward_receive``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from raftq.node import codec, commands, httpio
+from raftq.node.errors import ApiError
+from raftq.node.routes import Query, Route, path_name, query
+from raftq.node.service import BrokerService, Leader
+from raftq.node.topics import TG, topic_group
+
+if TYPE_CHECKING:
+    from raftq.node.proxy import Forwarder
+
+
+async def publish_one(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic = path_name(request, "topic")
+    body = await httpio.read_body(request)
+    cmd, size = commands.publish_one(topic, body, httpio.is_msgpack_request(request))
+    res = await svc.call(cmd, size)
+    return httpio.respond(request, res["messages"][0])
+
+
+async def publish_batch(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic = path_name(request, "topic")
+    body = await httpio.read_body(request)
+    cmd, size = commands.publish_batch(topic, body, httpio.is_msgpack_request(request))
+    res = await svc.call(cmd, size)
+    return httpio.respond(request, {"messages": res["messages"]})
+
+
+async def peek(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic = path_name(request, "topic")
+    q = query(request)
+    msgs = await svc.read_latest(lambda b: b.peek(topic, q["from_seq"], q["limit"]))
+    return httpio.respond(request, {"topic": topic, "messages": msgs})
+
+
+async def redrive(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic = path_name(request, "topic")
+    cmd = commands.redrive(topic, await httpio.read_body(request))
+    return httpio.respond(request, await svc.call(cmd))
+
+
+async def receive(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    """Long poll: propose a receive; while it comes back empty, wait for applied entries
+    that may have made something deliverable, up to ``wait`` seconds. Deliveries whose
+    connection closes before the response is written are released at once."""
+    topic, group = topic_group(request)
+    cmd, wait = commands.receive(topic, group, await httpio.read_body(request))
+    consumer = cmd["consumer"]
+    with svc.handing_out(consumer):
+        deliveries = await svc.long_poll(cmd, wait)
+        out = {
+            "consumer": consumer,
+            "deliveries": [{"topic": topic, "group": group, **d} for d in deliveries],
+        }
+        resp = httpio.respond(request, out)
+        transport = request.transport
+        if deliveries and (transport is None or transport.is_closing()):
+            raise ConnectionResetError("client went away")
+        await resp.prepare(request)
+        await resp.write_eof()
+        return resp
+
+
+async def forward_receive(
+    fwd: Forwarder, request: web.Request, leader: Leader, body: bytes
+) -> web.StreamResponse:
+    """A receive forwarded to the leader: name its consumer here, so that if our client goes
+    away before the deliveries are written to it, we can give them back at once (second hop
+    of the dead man's switch; the leader covers the first)."""
+    svc = fwd.svc
+    mp = httpio.is_msgpack_request(request)
+    try:
+        obj = codec.decode_body(body, mp)
+    except ApiError:
+        return await fwd.send(request, leader, body)  # the leader explains the error
+    consumer = obj.get("consumer")
+    if consumer is None or consumer == "":  # anything else goes as is: the leader checks it
+        consumer = obj["consumer"] = commands.fresh_consumer()
+        body = codec.encode(obj, mp)[0]
+
+    def give_back() -> None:
+        if isinstance(consumer, str):
+            svc.spawn(fwd.release_at(leader.api, consumer))
+
+    sent = asyncio.ensure_future(fwd.send(request, leader, body))
+    try:
+        drain = asyncio.ensure_future(svc.draining.wait())
+        try:
+            await asyncio.wait({sent, drain}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            drain.cancel()
+        if not sent.done():
+            # Shutting down: end the long poll now (as if it timed out); closing the
+            # upstream connection makes the leader release anything it had just handed out.
+            sent.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ApiError):
+                await sent
+            give_back()
+            return httpio.respond(request, {"consumer": consumer, "deliveries": []})
+        resp = sent.result()
+        if resp.status == 200:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise ConnectionResetError("client went away")
+            await resp.prepare(request)
+            await resp.write_eof()
+        return resp
+    except (asyncio.CancelledError, ConnectionError):
+        sent.cancel()
+        give_back()
+        raise
+    except ApiError as e:
+        # Lost the leader's answer (504): whatever it handed out reaches nobody; give it
+        # back, as the leader does when its own client goes away.
+        if e.code == "outcome_unknown":
+            give_back()
+        raise
+
+
+def _settle(op: str) -> Any:
+    async def settle(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+        cmd = commands.settle(op, await httpio.read_body(request))
+        return httpio.respond(request, await svc.call(cmd))
+
+    settle.__name__ = settle.__qualname__ = op
+    return settle
+
+
+async def release_consumer(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    cmd = commands.release(request.match_info["consumer"])
+    commands.empty(await httpio.read_body(request))
+    return httpio.respond(request, await svc.call(cmd))
+
+
+T = "/topics/{topic}"
+ROUTES = [
+    Route("POST", T + "/messages", publish_one, "Publish one message", body="Message",
+          answer="Published"),
+    Route("GET", T + "/messages", peek, "Peek retained messages (e.g. dead letters)",
+          query=(Query("from_seq", doc="first sequence number to show"),
+                 Query("limit", default=10, doc="at most this many (1-1000)")),
+          answer="Peek"),
+    Route("POST", T + "/publish", publish_batch, "Publish a batch", body="PublishBatch",
+          answer="PublishedBatch"),
+    Route("POST", T + "/redrive", redrive, "Move dead letters back to their source group",
+          body="Redrive"),
+    Route("POST", TG + "/receive", receive, "Receive deliveries (long poll up to 20 s)",
+          body="Receive", answer="Deliveries", forward=forward_receive),
+    Route("POST", "/ack", _settle("ack"), "Acknowledge deliveries", body="Receipts",
+          answer="SettleResult"),
+    Route("POST", "/nack", _settle("nack"), "Fail deliveries (retry after delay or backoff)",
+          body="Nack", answer="SettleResult"),
+    Route("POST", "/extend", _settle("extend"), "Extend visibility deadlines", body="Extend",
+          answer="SettleResult"),
+    Route("POST", "/term", _settle("term"), "Dead-letter deliveries now", body="Term",
+          answer="SettleResult"),
+    Route("POST", "/consumers/{consumer}/release", release_consumer,
+          "Give back every delivery of a consumer", body="Empty"),
+]  # fmt: skip

@@ -1,0 +1,115 @@
+"""HTTP routes for operators: this node and its cluster (``/cluster``), membership changes,
+health and readiness probes, Prometheus metrics and the OpenAPI document. All but membership
+changes answer from this node's own state."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from raftq.node import commands, httpio
+from raftq.node.errors import ApiError
+from raftq.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from raftq.node.proxy import Forwarder
+from raftq.node.routes import LOCAL, Query, Route, query
+from raftq.node.service import BrokerService
+
+FORWARDER: web.AppKey[Forwarder] = web.AppKey("forwarder", Forwarder)
+DOCUMENT: web.AppKey[dict[str, Any]] = web.AppKey("openapi", dict)
+
+
+def _peers(request: web.Request) -> Forwarder:
+    return request.app[FORWARDER]
+
+
+async def add_member(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    """Dynamic membership: start the new node with every member as a peer, then add it."""
+    node_id, raft, api = commands.member(await httpio.read_body(request))
+    if not await _peers(request).probe(api, timeout=2.0):
+        # A member that is not running counts toward the majority all the same: in a
+        # cluster of three, adding it and then losing one node stops all writes.
+        raise ApiError(
+            "membership_refused",
+            f"{node_id} does not answer at http://{api}/healthz; start it first"
+            " (with every member as a peer), then add it",
+            {"api": api},
+        )
+    await svc.membership(svc.raft.add_member(node_id, raft, api))
+    return httpio.respond(request, {"added": node_id, "members": _member_ids(svc)})
+
+
+async def remove_member(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    node_id = commands.name(request.match_info["node"], "node")
+    commands.empty(await httpio.read_body(request))
+    await svc.membership(svc.raft.remove_member(node_id))
+    return httpio.respond(request, {"removed": node_id, "members": _member_ids(svc)})
+
+
+def _member_ids(svc: BrokerService) -> list[str]:
+    return sorted(svc.raft.status().members)
+
+
+async def cluster(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    st = svc.raft.status()
+    members = {k: dict(v) for k, v in st.members.items()}
+    peers = _peers(request)
+    probes = {
+        mid: asyncio.ensure_future(peers.probe(m.get("api")))
+        for mid, m in members.items()
+        if not m.get("self")
+    }
+    if probes:
+        await asyncio.wait(probes.values())
+    for mid, m in members.items():
+        m["answers"] = True if m.get("self") else probes[mid].result()
+    body: dict[str, Any] = {
+        "node": st.node_id,
+        "role": st.role,
+        "leader": st.leader_id,
+        "leader_api": st.leader_api,
+        "term": st.term,
+        "commit_index": st.commit_index,
+        "applied_index": st.applied_index,
+        "members": members,
+    }
+    if query(request)["digest"]:
+        # Fingerprint of this replica's state (O(state): for checks, not for polling).
+        body["digest"] = svc.raft.read(lambda b: b.digest())
+    return httpio.respond(request, body)
+
+
+async def healthz(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    return httpio.respond(request, {"ok": True, "node": svc.settings.node_id})
+
+
+async def readyz(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    body = svc.readiness()
+    return httpio.respond(request, body, 200 if body["ready"] else 503)
+
+
+async def metrics(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    return web.Response(body=svc.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+async def openapi(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    return web.json_response(request.app[DOCUMENT])
+
+
+ROUTES = [
+    Route("GET", "/cluster", cluster, "This node, its role, the leader and the members",
+          where=LOCAL, strict_query=False, answer="Cluster",
+          query=(Query("digest", kind="flag",
+                       doc="1 or true: add a fingerprint of this replica's state"),)),
+    Route("POST", "/cluster/members", add_member, "Add a member (start it first)",
+          body="AddMember"),
+    Route("DELETE", "/cluster/members/{node}", remove_member, "Remove a member", body="Empty",
+          params={"node": "the member's id"}),
+    Route("GET", "/healthz", healthz, "Process is alive", where=LOCAL, strict_query=False),
+    Route("GET", "/readyz", readyz, "Has a leader and is caught up (503 otherwise)",
+          where=LOCAL, strict_query=False, ok=(200, 503)),
+    Route("GET", "/metrics", metrics, "Prometheus metrics (text format)", where=LOCAL,
+          strict_query=False, answer="text/plain"),
+    Route("GET", "/openapi.json", openapi, "This document", where=LOCAL, strict_query=False),
+]  # fmt: skip

@@ -1,0 +1,110 @@
+"""HTTP routes for topics and consumer groups: create, list, read stats, change config, delete,
+purge. Writes are one command each; reads are linearizable (``read_latest``)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from raftq.node import commands, httpio
+from raftq.node.routes import Route, path_name
+from raftq.node.service import BrokerService
+
+
+def _created(request: web.Request, res: dict[str, object]) -> web.Response:
+    return httpio.respond(request, res, 201 if res.get("created") else 200)
+
+
+async def list_topics(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topics = await svc.read_latest(lambda b: b.list_topics())
+    return httpio.respond(request, {"topics": topics})
+
+
+async def create_topic(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    cmd = commands.create_topic(await httpio.read_body(request))
+    return _created(request, await svc.call(cmd))
+
+
+async def get_topic(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic = path_name(request, "topic")
+    return httpio.respond(request, await svc.read_latest(lambda b: b.topic_stats(topic)))
+
+
+async def update_topic(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic = path_name(request, "topic")
+    cmd = commands.update_topic(topic, await httpio.read_body(request))
+    return httpio.respond(request, await svc.call(cmd))
+
+
+async def delete_topic(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic = path_name(request, "topic")
+    return httpio.respond(request, await svc.call({"op": "delete_topic", "topic": topic}))
+
+
+async def purge_topic(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic = path_name(request, "topic")
+    commands.empty(await httpio.read_body(request))
+    return httpio.respond(request, await svc.call({"op": "purge", "topic": topic}))
+
+
+async def list_groups(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic = path_name(request, "topic")
+    stats = await svc.read_latest(lambda b: b.topic_stats(topic))
+    return httpio.respond(request, {"topic": topic, "groups": stats["groups"]})
+
+
+async def create_group(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic = path_name(request, "topic")
+    cmd = commands.create_group(topic, await httpio.read_body(request))
+    return _created(request, await svc.call(cmd))
+
+
+def topic_group(request: web.Request) -> tuple[str, str]:
+    return path_name(request, "topic"), path_name(request, "group")
+
+
+async def get_group(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic, group = topic_group(request)
+    return httpio.respond(request, await svc.read_latest(lambda b: b.group_stats(topic, group)))
+
+
+async def update_group(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic, group = topic_group(request)
+    cmd = commands.update_group(topic, group, await httpio.read_body(request))
+    return httpio.respond(request, await svc.call(cmd))
+
+
+async def delete_group(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic, group = topic_group(request)
+    cmd = {"op": "delete_group", "topic": topic, "group": group}
+    return httpio.respond(request, await svc.call(cmd))
+
+
+async def purge_group(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    topic, group = topic_group(request)
+    commands.empty(await httpio.read_body(request))
+    cmd = {"op": "purge", "topic": topic, "group": group}
+    return httpio.respond(request, await svc.call(cmd))
+
+
+T = "/topics/{topic}"
+TG = "/topics/{topic}/groups/{group}"
+ROUTES = [
+    Route("GET", "/topics", list_topics, "List topic names", answer="TopicList"),
+    Route("POST", "/topics", create_topic,
+          "Create a topic (with groups; default group 'default'); 200 if it existed and "
+          "if_not_exists was set",
+          body="CreateTopic", ok=(201, 200)),
+    Route("GET", T, get_topic, "Topic stats, config and groups"),
+    Route("PATCH", T, update_topic, "Change topic config", body="UpdateTopic"),
+    Route("DELETE", T, delete_topic, "Delete a topic"),
+    Route("POST", T + "/purge", purge_topic, "Drop every retained message", body="Empty"),
+    Route("GET", T + "/groups", list_groups, "Group stats of a topic"),
+    Route("POST", T + "/groups", create_group,
+          "Create a consumer group; 200 if it existed and if_not_exists was set",
+          body="CreateGroup", ok=(201, 200)),
+    Route("GET", TG, get_group, "Group stats and config"),
+    Route("PATCH", TG, update_group, "Change group config", body="UpdateGroup"),
+    Route("DELETE", TG, delete_group, "Delete a group"),
+    Route("POST", TG + "/purge", purge_group, "Settle everything pending in a group",
+          body="Empty"),
+]  # fmt: skip
