@@ -1,7 +1,8 @@
-"""raftq.node: one broker process. An aiohttp HTTP API in front of a Raft-replicated ``Broker``.
+"""raftq.node: one broker process: HTTP routes and WebSocket streams over one broker service
+over the Raft binding.
 
-See DESIGN.md in this folder. Modules: ``app`` (routes and handlers), ``batcher`` (group commit),
-``codec`` (JSON / msgpack bodies), ``errors`` (the one code -> status table), ``local`` (an
-in-process ``LocalRaft`` for tests and tools), ``metrics``, ``openapi``, ``server`` (process
-lifecycle), ``devcluster`` (``raftq cluster up``) and ``cli``.
+See DESIGN.md in this folder for the layers (``app`` assembles; ``topics``, ``messages``,
+``ops``, ``stream`` are the route tables; ``routes``, ``httpio``, ``proxy``, ``openapi`` the HTTP
+plumbing; ``service`` the broker service; ``commands``, ``codec``, ``errors`` pure) and the rest
+(``batcher``, ``metrics``, ``local``, ``server``, ``devcluster``, ``cli``, ``bench``).
 """
