@@ -703,9 +703,11 @@ class AsyncClient:
     async def _open_stream(self, p: str, attempt: int) -> _Stream:
         end = time.monotonic() + self.timeout
         last: RaftqError | None = None
+        # (for the retry decisions: a handshake that failed applied nothing, so any is safe)
+        req = core.Request("GET", p, idempotent=True)
         while True:
             if time.monotonic() >= end:
-                raise core.deadline_error(last, core.Request("GET", p), self.timeout)
+                raise core.deadline_error(last, req, self.timeout)
             url = self.endpoints.pick()
             try:
                 # Bounded like a request: a node that accepts and never answers is passed over.
@@ -727,7 +729,7 @@ class AsyncClient:
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
                 last = core.unavailable(url, e, sent=False)
                 self.endpoints.failed(url)
-            delay = core.retry_delay(last, core.Request("GET", p), attempt, end - time.monotonic())
+            delay = core.retry_delay(last, req, attempt, end - time.monotonic())
             attempt += 1
             await asyncio.sleep(delay or 0.05)
 

@@ -44,8 +44,9 @@ class Request:
     method: str
     path: str
     body: Any = None
-    # Safe to send again when the first try's outcome is unknown (reads; publishes with keys).
-    idempotent: bool = True
+    # Safe to send again when the first try's outcome is unknown (reads; publishes with keys;
+    # settles). Off unless the builder says so: a request nobody thought about is never resent.
+    idempotent: bool = False
     # Seconds the server may legitimately hold the request (long poll), added to the timeout.
     hold: float = 0.0
     # ack / nack / extend / term: a retry of one that was applied finds its receipts stale.

@@ -279,7 +279,7 @@ class Client:
         delay: float | None = None,
     ) -> int:
         body = core.message_body(self.producer, payload, headers, key, delay)
-        res = self.request(core.Request("POST", core.path("topics", topic, "messages"), body))
+        res = self.request(rq.publish(topic, body))
         return int(res["seq"])
 
     def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
