@@ -28,6 +28,7 @@ from raftq.client import _requests as rq
 from raftq.client._coalesce import Coalescer
 from raftq.client._message import Delivery
 from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome, error_from_body
+from raftq.client.transport import AsyncTransport
 
 # A node that does not accept a connection within this long is taken for down (they are on a
 # LAN or loopback); the next node is tried.
@@ -322,7 +323,11 @@ class AsyncClient:
         producer_id: str | None = None,
         fmt: str = core.MSGPACK,
         publish_stream: bool = True,
+        transport: AsyncTransport | None = None,
     ) -> None:
+        """``transport``: what sends the HTTP requests (``raftq.client.transport.AsyncTransport``;
+        by default ``_http.HttpPool``). The client closes it at ``close``. WebSockets (the
+        streams) go through aiohttp whatever the transport."""
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
@@ -330,7 +335,7 @@ class AsyncClient:
         self.retries = 0  # tries beyond the first, over this client's life
         self.producer = core.Producer(producer_id)
         self.fmt = fmt
-        self._requests: http.HttpPool | None = None
+        self._requests: AsyncTransport | None = transport
         self._session: aiohttp.ClientSession | None = None
         # Consumers whose loop has not finished: close() releases them before it goes.
         self._consumers: set[str] = set()
@@ -372,7 +377,7 @@ class AsyncClient:
             self._session = None
         self._closed = True
 
-    def _pool(self) -> http.HttpPool:
+    def _pool(self) -> AsyncTransport:
         if self._closed:
             raise RaftqError("the client is closed")
         if self._requests is None:
@@ -433,8 +438,10 @@ class AsyncClient:
 
     async def _send(self, url: str, wire: core.Wire, remaining: float, idempotent: bool) -> Any:
         target = url + wire.path
+        redirects = 0
+        fresh_retry = idempotent
         deadline = time.monotonic() + remaining  # for every redirect hop together
-        for _ in range(core.MAX_REDIRECTS + 1):
+        while True:
             left = deadline - time.monotonic()
             if left <= 0:  # (only after a redirect, which applied nothing)
                 raise Unavailable(f"{url}: redirected until the time ran out")
@@ -442,20 +449,23 @@ class AsyncClient:
                 resp = await self._pool().request(
                     wire.method, target, wire.headers, wire.body, left
                 )
-            except http.ConnectFailed as e:
-                raise core.unavailable(url, e, sent=False) from e
-            except http.ConnectionDropped as e:
-                raise core.unavailable(url, e, sent=True) from e
+            except http.HttpError as e:
+                if e.stale and fresh_retry:  # (never from HttpPool: see ``transport``)
+                    fresh_retry = False
+                    continue
+                raise core.unavailable(url, e, sent=not isinstance(e, http.ConnectFailed)) from e
             location = resp.headers.get("location")
             if core.is_redirect(resp.status) and location:
                 target = urljoin(target, location)  # (a relative Location is allowed)
                 self.endpoints.learn(core.normalize_url(target))
+                redirects += 1
+                if redirects > core.MAX_REDIRECTS:
+                    raise Unavailable(f"too many redirects from {url}")
                 continue
             leader = resp.headers.get("x-raftq-leader")
             if leader:
                 self.endpoints.learn(leader)
             return core.decode(resp.status, resp.headers.get("content-type"), resp.body)
-        raise Unavailable(f"too many redirects from {url}")
 
     # ------------------------------------------------------------------ cluster
 
