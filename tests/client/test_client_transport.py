@@ -300,3 +300,159 @@ def test_a_transport_exception_of_another_kind_reaches_the_caller(kind: str) -> 
 
     got = run_both(lambda c: c.list_topics(), script)[0 if kind == "async" else 1][0]
     assert isinstance(got, RuntimeError)
+
+
+# ---------------------------------------------------------------- the http_headers hook
+
+
+def api(call: Call, n: int) -> Response | Exception:
+    """A plausible answer to every request either client makes."""
+    path = call.url.split("://", 1)[1].split("/", 1)[1].split("?")[0]
+    parts = path.split("/")
+    if path == "cluster" and call.method == "GET":
+        return reply(200, {"leader": None, "members": []})
+    if path == "topics" and call.method == "GET":
+        return reply(200, {"topics": ["t"]})
+    if parts[-1] == "publish":
+        return reply(200, {"messages": [{"seq": i + 1} for i in range(len(call.body["messages"]))]})
+    if parts[-1] == "messages" and call.method == "POST":
+        return reply(200, {"seq": 1})
+    if parts[-1] == "messages":
+        return reply(200, {"messages": []})
+    if parts[-1] == "receive":
+        delivery = {"seq": 1, "attempt": 1, "receipt": "r1", "payload": b"x"}
+        return reply(200, {"deliveries": [delivery]})
+    if path in ("ack", "nack", "extend", "term"):
+        return reply(200, {"errors": []})
+    return reply(200, {})
+
+
+def every_call(c: Any) -> list[Any]:
+    """Every request-making method of the client, once (as coroutines for the async one)."""
+    return [
+        c.cluster(),
+        c.add_member("n4", "h:9004", "h:8004"),
+        c.remove_member("n4"),
+        c.create_topic("t"),
+        c.list_topics(),
+        c.topic("t"),
+        c.update_topic("t", {"max_messages": 5}),
+        c.purge("t"),
+        c.create_group("t", "g"),
+        c.group("t", "g"),
+        c.update_group("t", "g", {"max_deliveries": 3}),
+        c.publish("t", b"x"),
+        c.publish_batch("t", [b"a", b"b"]),
+        c.receive("t", "g"),
+        c.ack(["r1"]),
+        c.nack(["r1"]),
+        c.extend(["r1"], 5.0),
+        c.term(["r1"]),
+        c.release("c1"),
+        c.peek("t"),
+        c.redrive("t"),
+        c.delete_group("t", "g"),
+        c.delete_topic("t"),
+    ]
+
+
+class Tokens:
+    """An ``http_headers`` callable handing out a new token at each call."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> dict[str, str]:
+        self.n += 1
+        return {"Authorization": f"Bearer t{self.n}", "X-Tenant": "blue"}
+
+
+def test_the_hooks_headers_are_on_every_request_kind() -> None:
+    async def all_async(c: AsyncClient) -> None:
+        for coro in every_call(c):
+            await coro
+        async for msg in c.consume("t", "g"):  # (a receive, then a release at the break)
+            await msg.ack()
+            break
+
+    def all_calls(c: Any) -> Any:
+        if isinstance(c, AsyncClient):
+            return all_async(c)
+        every_call(c)
+        for msg in c.consume("t", "g", max_messages=1):
+            msg.ack()
+        return None
+
+    hook = Tokens()
+    for got, t, _ in run_both(all_calls, api, http_headers=hook):
+        assert got is None, got
+        assert {c.method for c in t.calls} == {"GET", "POST", "PATCH", "DELETE"}
+        assert len(t.calls) == 26  # 23 calls, then a receive, an ack and a release
+        tokens = []
+        for call in t.calls:
+            assert call.headers["Authorization"].startswith("Bearer t"), call
+            tokens.append(int(call.headers["Authorization"].removeprefix("Bearer t")))
+            assert call.headers["X-Tenant"] == "blue"
+            assert call.headers["Accept"] == "application/msgpack"  # the client's own, kept
+            if call.body is not None:
+                assert call.headers["Content-Type"] == "application/msgpack"
+            else:
+                assert "Content-Type" not in call.headers
+        assert tokens == list(range(tokens[0], tokens[0] + len(tokens)))  # one call each
+
+
+def test_the_hook_is_asked_again_for_every_redirect_hop_and_retry() -> None:
+    def script(call: Call, n: int) -> Response | Exception:
+        if n == 1:
+            return reply(307, location=f"{N2}/topics")
+        if n == 2:
+            return NO_LEADER
+        if n == 3:
+            return ConnectionDropped("closed while idle", stale=True)
+        return reply(201, CREATED) if call.method == "POST" else reply(200, TOPICS)
+
+    hook = Tokens()
+    for k, (got, t, _) in enumerate(run_both(lambda c: c.list_topics(), script, http_headers=hook)):
+        assert got == ["a"]
+        assert [c.headers["Authorization"] for c in t.calls] == [
+            f"Bearer t{4 * k + i}" for i in (1, 2, 3, 4)
+        ]
+    fixed = {"Authorization": "Bearer same"}
+    for got, t, _ in run_both(lambda c: c.list_topics(), script, http_headers=fixed):
+        assert got == ["a"]
+        assert [c.headers for c in t.calls] == [
+            {"Accept": "application/msgpack", "Authorization": "Bearer same"}
+        ] * 4
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"Content-Type": "text/plain"},
+        {"accept": "application/json"},
+        {"Content-Length": "0"},
+        {"Host": "elsewhere"},
+        {"Sec-WebSocket-Protocol": "x"},
+        {"X-Injected": "a\r\nAuthorization: Bearer stolen"},
+        {"Bad Name": "x"},
+        {"Authorization": "Bearer a", "authorization": "Bearer b"},
+    ],
+)
+def test_the_hook_cannot_replace_or_smuggle_headers(bad: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="http_headers"):
+        Client(N1, transport=SyncScripted(api), http_headers=bad)
+    with pytest.raises(ValueError, match="http_headers"):
+        AsyncClient(N1, transport=AsyncScripted(api), http_headers=bad)
+    # A callable's answer is checked at each request, before anything is sent.
+    for got, t, _ in run_both(lambda c: c.list_topics(), api, http_headers=lambda: bad):
+        assert isinstance(got, ValueError), got
+        assert t.calls == []
+
+
+def test_without_a_hook_the_requests_carry_only_the_clients_headers() -> None:
+    for got, t, _ in run_both(lambda c: c.create_topic("t"), api):
+        assert got == {}
+        assert t.calls[0].headers == {
+            "Accept": "application/msgpack",
+            "Content-Type": "application/msgpack",
+        }

@@ -306,6 +306,22 @@ def _ignore_result(task: asyncio.Future[Any]) -> None:
         task.exception()  # retrieved: a lost fire-and-forget ack just means a redelivery
 
 
+def _with_headers(extra: Callable[[], dict[str, str]]) -> type[aiohttp.ClientRequest]:
+    """A request class putting the ``http_headers`` hook's headers on every request of the
+    WebSocket session, each redirect hop included. (aiohttp follows a follower's 307 to the
+    leader during a handshake itself, and drops ``Authorization`` when the origin changes:
+    another port is another origin. Given to ``ws_connect``, the headers would reach the
+    follower only.)"""
+
+    class WithHeaders(aiohttp.ClientRequest):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            for name, value in extra().items():
+                self.headers[name] = value
+
+    return WithHeaders
+
+
 def _topic_group(p: str) -> tuple[str, str]:
     from urllib.parse import unquote
 
@@ -324,10 +340,20 @@ class AsyncClient:
         fmt: str = core.MSGPACK,
         publish_stream: bool = True,
         transport: AsyncTransport | None = None,
+        http_headers: core.HeadersHook | None = None,
     ) -> None:
         """``transport``: what sends the HTTP requests (``raftq.client.transport.AsyncTransport``;
         by default ``_http.HttpPool``). The client closes it at ``close``. WebSockets (the
-        streams) go through aiohttp whatever the transport."""
+        streams) go through aiohttp whatever the transport.
+
+        ``http_headers``: extra headers (e.g. ``Authorization``) for every HTTP request and
+        every WebSocket handshake request the client sends: a mapping, or a callable returning
+        one, called anew for each of them (every try, every redirect hop) on the event loop, so
+        it must not block. They cannot replace the client's own: a name among Accept,
+        Accept-Encoding, Connection, Content-Encoding, Content-Length, Content-Type, Host, TE,
+        Transfer-Encoding, Upgrade and Sec-WebSocket-* (in any case), a name given twice, or
+        a name or value not valid in HTTP raises ``ValueError``: at construction for a
+        mapping, from the client call for a callable's answer."""
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
@@ -336,6 +362,7 @@ class AsyncClient:
         self.producer = core.Producer(producer_id)
         self.fmt = fmt
         self._requests: AsyncTransport | None = transport
+        self._extra_headers = core.header_source(http_headers)
         self._session: aiohttp.ClientSession | None = None
         # Consumers whose loop has not finished: close() releases them before it goes.
         self._consumers: set[str] = set()
@@ -389,7 +416,12 @@ class AsyncClient:
         if self._closed:
             raise RaftqError("the client is closed")
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            if self._extra_headers is None:
+                self._session = aiohttp.ClientSession()
+            else:
+                self._session = aiohttp.ClientSession(
+                    request_class=_with_headers(self._extra_headers)
+                )
         return self._session
 
     # ------------------------------------------------------------------ the I/O loop
@@ -445,10 +477,9 @@ class AsyncClient:
             left = deadline - time.monotonic()
             if left <= 0:  # (only after a redirect, which applied nothing)
                 raise Unavailable(f"{url}: redirected until the time ran out")
+            headers = core.with_headers(wire.headers, self._extra_headers)
             try:
-                resp = await self._pool().request(
-                    wire.method, target, wire.headers, wire.body, left
-                )
+                resp = await self._pool().request(wire.method, target, headers, wire.body, left)
             except http.HttpError as e:
                 if e.stale and fresh_retry:  # (never from HttpPool: see ``transport``)
                     fresh_retry = False

@@ -62,9 +62,18 @@ class Client:
         producer_id: str | None = None,
         fmt: str = core.MSGPACK,
         transport: Transport | None = None,
+        http_headers: core.HeadersHook | None = None,
     ) -> None:
         """``transport``: what sends the HTTP requests (``raftq.client.transport.Transport``;
-        by default kept-alive ``http.client`` connections). The client closes it at ``close``."""
+        by default kept-alive ``http.client`` connections). The client closes it at ``close``.
+
+        ``http_headers``: extra headers (e.g. ``Authorization``) for every HTTP request the
+        client sends: a mapping, or a callable returning one, called anew for each request
+        (every try, every redirect hop). They cannot replace the client's own: a name among
+        Accept, Accept-Encoding, Connection, Content-Encoding, Content-Length, Content-Type,
+        Host, TE, Transfer-Encoding, Upgrade and Sec-WebSocket-* (in any case), a name given
+        twice, or a name or value not valid in HTTP raises ``ValueError``: at construction for
+        a mapping, from the client call for a callable's answer."""
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
@@ -75,6 +84,7 @@ class Client:
         if transport is None:
             transport = SyncHttpPool(connect_timeout=CONNECT_TIMEOUT)
         self._transport: Transport = transport
+        self._extra_headers = core.header_source(http_headers)
 
     def __enter__(self) -> Client:
         return self
@@ -136,8 +146,9 @@ class Client:
             left = deadline - time.monotonic()
             if left <= 0:  # (only after a redirect, which applied nothing)
                 raise Unavailable(f"{url}: redirected until the time ran out")
+            headers = core.with_headers(wire.headers, self._extra_headers)
             try:
-                resp = self._transport.request(wire.method, target, wire.headers, wire.body, left)
+                resp = self._transport.request(wire.method, target, headers, wire.body, left)
             except HttpError as e:
                 if e.stale and fresh_retry:
                     # The server closed an idle kept-alive socket, probably before reading this

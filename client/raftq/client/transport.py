@@ -57,8 +57,9 @@ class ConnectionDropped(HttpError):
 
 
 class AsyncTransport(Protocol):
-    """What ``AsyncClient`` calls. ``headers`` are the complete request headers but ``Host`` and
-    ``Content-Length``, which the transport adds; ``timeout`` bounds the whole exchange."""
+    """What ``AsyncClient`` calls. ``headers`` are the complete request headers (the client's
+    own and its ``http_headers`` hook's) but ``Host`` and ``Content-Length``, which the
+    transport adds; ``timeout`` bounds the whole exchange."""
 
     async def request(
         self,
