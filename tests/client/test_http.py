@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from raftq.client import _http as http
+from raftq.client._http_sync import SyncHttpPool
 
 # A script answers each request head (bytes up to the blank line, then the body) with raw bytes
 # to write, or None to close the connection without answering.
@@ -281,3 +282,53 @@ async def test_bytes_on_an_idle_connection_are_never_taken_for_an_answer(
             await asyncio.sleep(0.01)
         assert conn.closed
         assert (await pool.request("GET", srv.url + "/", {}, None, 5)).body == b"2"
+
+
+# The blocking pool (``Client``'s default transport), against the same servers from a thread.
+
+
+async def test_the_blocking_pool_keeps_a_connection_and_reads_headers() -> None:
+    pool = SyncHttpPool(connect_timeout=2.0)
+    try:
+        async with Server(lambda head, body: ok(b"echo:" + body, "X-A: 1\r\nx-a: 2\r\n")) as srv:
+            for i in range(3):
+                resp = await asyncio.to_thread(
+                    pool.request, "POST", srv.url + "/p?q=1", {"Accept": "x"}, b"b%d" % i, 5
+                )
+                assert (resp.status, resp.body) == (200, b"echo:b%d" % i)
+                assert resp.headers["x-a"] == "1, 2"
+            assert srv.connections == 1
+            assert srv.requests[0].startswith(b"POST /p?q=1 HTTP/1.1\r\n")
+            assert b"\r\nAccept: x\r\n" in srv.requests[0]
+            pool.close()  # closes the connection; the pool can still be used
+            await asyncio.to_thread(pool.request, "GET", srv.url + "/", {}, None, 5)
+            assert srv.connections == 2
+    finally:
+        pool.close()
+
+
+async def test_the_blocking_pool_says_which_failures_are_stale() -> None:
+    pool = SyncHttpPool(connect_timeout=2.0)
+    answered: list[bytes] = []
+
+    def first_only(head: bytes, body: bytes) -> bytes | None:
+        answered.append(head)
+        return ok(b"1") if len(answered) == 1 else None
+
+    try:
+        async with Server(first_only) as srv:
+            await asyncio.to_thread(pool.request, "GET", srv.url + "/", {}, None, 5)
+            # read, then closed unanswered, on the kept-alive connection: stale
+            with pytest.raises(http.ConnectionDropped) as e1:
+                await asyncio.to_thread(pool.request, "POST", srv.url + "/", {}, b"x", 5)
+            assert e1.value.stale
+            # the same on a new connection: the server did read it
+            with pytest.raises(http.ConnectionDropped) as e2:
+                await asyncio.to_thread(pool.request, "POST", srv.url + "/", {}, b"x", 5)
+            assert not e2.value.stale
+            url = srv.url
+        with pytest.raises(http.ConnectFailed) as e3:
+            await asyncio.to_thread(pool.request, "GET", url + "/", {}, None, 5)
+        assert not e3.value.stale
+    finally:
+        pool.close()

@@ -28,6 +28,7 @@ from raftq.client import _requests as rq
 from raftq.client._coalesce import Coalescer
 from raftq.client._message import Delivery
 from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome, error_from_body
+from raftq.client.transport import AsyncTransport
 
 # A node that does not accept a connection within this long is taken for down (they are on a
 # LAN or loopback); the next node is tried.
@@ -305,6 +306,22 @@ def _ignore_result(task: asyncio.Future[Any]) -> None:
         task.exception()  # retrieved: a lost fire-and-forget ack just means a redelivery
 
 
+def _with_headers(extra: Callable[[], dict[str, str]]) -> type[aiohttp.ClientRequest]:
+    """A request class putting the ``http_headers`` hook's headers on every request of the
+    WebSocket session, each redirect hop included. (aiohttp follows a follower's 307 to the
+    leader during a handshake itself, and drops ``Authorization`` when the origin changes:
+    another port is another origin. Given to ``ws_connect``, the headers would reach the
+    follower only.)"""
+
+    class WithHeaders(aiohttp.ClientRequest):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            for name, value in extra().items():
+                self.headers[name] = value
+
+    return WithHeaders
+
+
 def _topic_group(p: str) -> tuple[str, str]:
     from urllib.parse import unquote
 
@@ -322,7 +339,21 @@ class AsyncClient:
         producer_id: str | None = None,
         fmt: str = core.MSGPACK,
         publish_stream: bool = True,
+        transport: AsyncTransport | None = None,
+        http_headers: core.HeadersHook | None = None,
     ) -> None:
+        """``transport``: what sends the HTTP requests (``raftq.client.transport.AsyncTransport``;
+        by default ``_http.HttpPool``). The client closes it at ``close``. WebSockets (the
+        streams) go through aiohttp whatever the transport.
+
+        ``http_headers``: extra headers (e.g. ``Authorization``) for every HTTP request and
+        every WebSocket handshake request the client sends: a mapping, or a callable returning
+        one, called anew for each of them (every try, every redirect hop) on the event loop, so
+        it must not block. They cannot replace the client's own: a name among Accept,
+        Accept-Encoding, Connection, Content-Encoding, Content-Length, Content-Type, Host, TE,
+        Transfer-Encoding, Upgrade and Sec-WebSocket-* (in any case), a name given twice, or
+        a name or value not valid in HTTP raises ``ValueError``: at construction for a
+        mapping, from the client call for a callable's answer."""
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
@@ -330,7 +361,8 @@ class AsyncClient:
         self.retries = 0  # tries beyond the first, over this client's life
         self.producer = core.Producer(producer_id)
         self.fmt = fmt
-        self._requests: http.HttpPool | None = None
+        self._requests: AsyncTransport | None = transport
+        self._extra_headers = core.header_source(http_headers)
         self._session: aiohttp.ClientSession | None = None
         # Consumers whose loop has not finished: close() releases them before it goes.
         self._consumers: set[str] = set()
@@ -372,7 +404,7 @@ class AsyncClient:
             self._session = None
         self._closed = True
 
-    def _pool(self) -> http.HttpPool:
+    def _pool(self) -> AsyncTransport:
         if self._closed:
             raise RaftqError("the client is closed")
         if self._requests is None:
@@ -384,7 +416,12 @@ class AsyncClient:
         if self._closed:
             raise RaftqError("the client is closed")
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            if self._extra_headers is None:
+                self._session = aiohttp.ClientSession()
+            else:
+                self._session = aiohttp.ClientSession(
+                    request_class=_with_headers(self._extra_headers)
+                )
         return self._session
 
     # ------------------------------------------------------------------ the I/O loop
@@ -433,29 +470,33 @@ class AsyncClient:
 
     async def _send(self, url: str, wire: core.Wire, remaining: float, idempotent: bool) -> Any:
         target = url + wire.path
+        redirects = 0
+        fresh_retry = idempotent
         deadline = time.monotonic() + remaining  # for every redirect hop together
-        for _ in range(core.MAX_REDIRECTS + 1):
+        while True:
             left = deadline - time.monotonic()
             if left <= 0:  # (only after a redirect, which applied nothing)
                 raise Unavailable(f"{url}: redirected until the time ran out")
+            headers = core.with_headers(wire.headers, self._extra_headers)
             try:
-                resp = await self._pool().request(
-                    wire.method, target, wire.headers, wire.body, left
-                )
-            except http.ConnectFailed as e:
-                raise core.unavailable(url, e, sent=False) from e
-            except http.ConnectionDropped as e:
-                raise core.unavailable(url, e, sent=True) from e
+                resp = await self._pool().request(wire.method, target, headers, wire.body, left)
+            except http.HttpError as e:
+                if e.stale and fresh_retry:  # (never from HttpPool: see ``transport``)
+                    fresh_retry = False
+                    continue
+                raise core.unavailable(url, e, sent=not isinstance(e, http.ConnectFailed)) from e
             location = resp.headers.get("location")
             if core.is_redirect(resp.status) and location:
                 target = urljoin(target, location)  # (a relative Location is allowed)
                 self.endpoints.learn(core.normalize_url(target))
+                redirects += 1
+                if redirects > core.MAX_REDIRECTS:
+                    raise Unavailable(f"too many redirects from {url}")
                 continue
             leader = resp.headers.get("x-raftq-leader")
             if leader:
                 self.endpoints.learn(leader)
             return core.decode(resp.status, resp.headers.get("content-type"), resp.body)
-        raise Unavailable(f"too many redirects from {url}")
 
     # ------------------------------------------------------------------ cluster
 
@@ -703,9 +744,11 @@ class AsyncClient:
     async def _open_stream(self, p: str, attempt: int) -> _Stream:
         end = time.monotonic() + self.timeout
         last: RaftqError | None = None
+        # (for the retry decisions: a handshake that failed applied nothing, so any is safe)
+        req = core.Request("GET", p, idempotent=True)
         while True:
             if time.monotonic() >= end:
-                raise core.deadline_error(last, core.Request("GET", p), self.timeout)
+                raise core.deadline_error(last, req, self.timeout)
             url = self.endpoints.pick()
             try:
                 # Bounded like a request: a node that accepts and never answers is passed over.
@@ -727,7 +770,7 @@ class AsyncClient:
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
                 last = core.unavailable(url, e, sent=False)
                 self.endpoints.failed(url)
-            delay = core.retry_delay(last, core.Request("GET", p), attempt, end - time.monotonic())
+            delay = core.retry_delay(last, req, attempt, end - time.monotonic())
             attempt += 1
             await asyncio.sleep(delay or 0.05)
 

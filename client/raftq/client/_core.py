@@ -11,6 +11,7 @@ import base64
 import itertools
 import json
 import random
+import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,8 +45,9 @@ class Request:
     method: str
     path: str
     body: Any = None
-    # Safe to send again when the first try's outcome is unknown (reads; publishes with keys).
-    idempotent: bool = True
+    # Safe to send again when the first try's outcome is unknown (reads; publishes with keys;
+    # settles). Off unless the builder says so: a request nobody thought about is never resent.
+    idempotent: bool = False
     # Seconds the server may legitimately hold the request (long poll), added to the timeout.
     hold: float = 0.0
     # ack / nack / extend / term: a retry of one that was applied finds its receipts stale.
@@ -74,6 +76,68 @@ def prepare(req: Request, fmt: str = MSGPACK) -> Wire:
             data = json.dumps(_b64_payloads(req.body)).encode()
         headers["Content-Type"] = fmt
     return Wire(req.method, req.path, headers, data)
+
+
+# Headers the client (or the HTTP and WebSocket code under it) sets itself: an ``http_headers``
+# hook may not give them, so it can never change how a request is framed or negotiated.
+CLIENT_HEADERS = frozenset(
+    {
+        "accept",
+        "accept-encoding",
+        "connection",
+        "content-encoding",
+        "content-length",
+        "content-type",
+        "host",
+        "te",
+        "transfer-encoding",
+        "upgrade",
+    }
+)  # and every "sec-websocket-*"
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+
+HeadersHook = Mapping[str, str] | Callable[[], Mapping[str, str]]
+
+
+def check_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers a hook gave, checked: HTTP tokens for names (each once, whatever its case),
+    no control characters in values, none of ``CLIENT_HEADERS`` (``ValueError`` otherwise)."""
+    out: dict[str, str] = {}
+    seen: set[str] = set()
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+            raise ValueError(f"http_headers: not a header name: {name!r}")
+        low = name.lower()
+        if low in CLIENT_HEADERS or low.startswith("sec-websocket-"):
+            raise ValueError(f"http_headers: {name} is the client's own header, not settable")
+        if low in seen:
+            raise ValueError(f"http_headers: {name} given twice")
+        if not isinstance(value, str) or not _FIELD_VALUE.fullmatch(value):
+            raise ValueError(f"http_headers: {name}: not a header value: {value!r}")
+        seen.add(low)
+        out[name] = value
+    return out
+
+
+def header_source(hook: HeadersHook | None) -> Callable[[], dict[str, str]] | None:
+    """What a client calls for each request's extra headers: None without a hook; for a
+    mapping (checked now), that mapping every time; for a callable, its answer to each call,
+    checked each time."""
+    if hook is None:
+        return None
+    if callable(hook):
+        fn = hook
+        return lambda: check_headers(fn())
+    fixed = check_headers(hook)
+    return lambda: fixed
+
+
+def with_headers(
+    headers: dict[str, str], extra: Callable[[], dict[str, str]] | None
+) -> dict[str, str]:
+    """A request's headers plus the hook's (which cannot name any of the request's own)."""
+    return headers if extra is None else {**headers, **extra()}
 
 
 def _b64_payloads(obj: Any) -> Any:

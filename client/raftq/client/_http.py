@@ -1,4 +1,5 @@
-"""A small keep-alive HTTP/1.1 client for ``AsyncClient``'s request/response calls.
+"""A small keep-alive HTTP/1.1 client for ``AsyncClient``'s request/response calls: its
+default ``transport.AsyncTransport``.
 
 aiohttp's client costs ~0.3 ms of CPU and several event-loop turns per request beyond what this
 needs (sequential publishes on a 2-core box: 0.43 ms of client CPU each through aiohttp, 0.11 ms
@@ -10,8 +11,10 @@ inside the server's keep-alive timeout); at most ``limit`` are open per origin, 
 wait for one. WebSockets stay on aiohttp.
 
 Failures say whether the request may have reached the server: ``ConnectFailed`` (it did not) and
-``ConnectionDropped`` (it may have). A request cancelled or timed out mid-way closes its
-connection, so a late response can never be read as the answer to another request.
+``ConnectionDropped`` (it may have), as ``transport`` describes; none is marked ``stale`` (an
+idle connection the server closed reads as EOF and is not reused). A request cancelled or timed
+out mid-way closes its connection, so a late response can never be read as the answer to
+another request.
 """
 
 from __future__ import annotations
@@ -26,32 +29,25 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
+from raftq.client.transport import ConnectFailed, ConnectionDropped, HttpError, Response
+
+__all__ = [
+    "BadResponse",
+    "ConnectFailed",
+    "ConnectionDropped",
+    "HttpError",
+    "HttpPool",
+    "Response",
+    "split_url",
+]
+
 MAX_HEAD = 64 << 10  # status line + headers (and a chunked body's size line or trailers)
 NO_BODY = (204, 304)
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
 
 
-class HttpError(Exception):
-    """A transport failure (not an HTTP error status: those are answers)."""
-
-
-class ConnectFailed(HttpError):
-    """No connection was made: the request was not sent."""
-
-
-class ConnectionDropped(HttpError):
-    """The connection failed after the request was written: it may have been processed."""
-
-
 class BadResponse(ConnectionDropped):
     """The server's bytes are not an HTTP/1.1 response we can frame."""
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    headers: dict[str, str]  # names lower-cased; repeated headers joined with ", "
-    body: bytes
 
 
 @dataclass(frozen=True)

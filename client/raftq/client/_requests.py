@@ -1,6 +1,9 @@
 """One pure function per API call, building its ``Request``: the async and sync clients share
-them and only run the I/O. (Whether a call is safe to repeat after an unknown outcome is
-decided here: creates, receives, redrives and membership changes are not.)"""
+them and only run the I/O. Whether a call is safe to repeat after an unknown outcome is decided
+here, and said by every builder: ``Request`` defaults to ``idempotent=False``, so a builder
+that forgets is never resent. Reads, updates, deletes, purges, publishes (their messages carry
+idempotency keys), settles and releases are safe; creates, receives, redrives and membership
+changes are not. (tests/client/test_requests.py holds the table.)"""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from raftq.client._core import Request, path
 
 
 def cluster() -> Request:
-    return Request("GET", "/cluster")
+    return Request("GET", "/cluster", idempotent=True)
 
 
 def add_member(node_id: str, raft: str, api: str) -> Request:
@@ -40,23 +43,23 @@ def create_topic(
 
 
 def list_topics() -> Request:
-    return Request("GET", "/topics")
+    return Request("GET", "/topics", idempotent=True)
 
 
 def topic(name: str) -> Request:
-    return Request("GET", path("topics", name))
+    return Request("GET", path("topics", name), idempotent=True)
 
 
 def update_topic(name: str, config: Mapping[str, Any]) -> Request:
-    return Request("PATCH", path("topics", name), {"config": dict(config)})
+    return Request("PATCH", path("topics", name), {"config": dict(config)}, idempotent=True)
 
 
 def delete_topic(name: str) -> Request:
-    return Request("DELETE", path("topics", name))
+    return Request("DELETE", path("topics", name), idempotent=True)
 
 
 def purge(name: str) -> Request:
-    return Request("POST", path("topics", name, "purge"))
+    return Request("POST", path("topics", name, "purge"), idempotent=True)
 
 
 def create_group(
@@ -75,20 +78,29 @@ def create_group(
 
 
 def group(topic: str, name: str) -> Request:
-    return Request("GET", path("topics", topic, "groups", name))
+    return Request("GET", path("topics", topic, "groups", name), idempotent=True)
 
 
 def update_group(topic: str, name: str, config: Mapping[str, Any]) -> Request:
-    return Request("PATCH", path("topics", topic, "groups", name), {"config": dict(config)})
+    return Request(
+        "PATCH", path("topics", topic, "groups", name), {"config": dict(config)}, idempotent=True
+    )
 
 
 def delete_group(topic: str, name: str) -> Request:
-    return Request("DELETE", path("topics", topic, "groups", name))
+    return Request("DELETE", path("topics", topic, "groups", name), idempotent=True)
+
+
+def publish(topic: str, message: dict[str, Any]) -> Request:
+    """One message, already carrying its idempotency key: repeating the request is safe."""
+    return Request("POST", path("topics", topic, "messages"), message, idempotent=True)
 
 
 def publish_batch(topic: str, messages: list[dict[str, Any]]) -> Request:
     """Messages already carry their idempotency keys: repeating the request is safe."""
-    return Request("POST", path("topics", topic, "publish"), {"messages": messages})
+    return Request(
+        "POST", path("topics", topic, "publish"), {"messages": messages}, idempotent=True
+    )
 
 
 def receive(
@@ -111,18 +123,18 @@ def receive(
 def settle(op: str, receipts: Sequence[str], **extra: Any) -> Request:
     """``ack`` / ``nack`` / ``extend`` / ``term`` for a batch of receipts."""
     body = {"receipts": list(receipts), **{k: v for k, v in extra.items() if v is not None}}
-    return Request("POST", "/" + op, body, settle=True)
+    return Request("POST", "/" + op, body, idempotent=True, settle=True)
 
 
 def release(consumer: str) -> Request:
-    return Request("POST", path("consumers", consumer, "release"))
+    return Request("POST", path("consumers", consumer, "release"), idempotent=True)
 
 
 def peek(topic: str, from_seq: int | None, limit: int) -> Request:
     p = path("topics", topic, "messages") + f"?limit={int(limit)}"
     if from_seq is not None:
         p += f"&from_seq={int(from_seq)}"
-    return Request("GET", p)
+    return Request("GET", p, idempotent=True)
 
 
 def redrive(topic: str, max: int) -> Request:

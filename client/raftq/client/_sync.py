@@ -12,9 +12,7 @@ A ``Client`` is not thread-safe; give each thread its own.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import secrets
-import select
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
@@ -23,8 +21,10 @@ from urllib.parse import urljoin, urlsplit
 
 from raftq.client import _core as core
 from raftq.client import _requests as rq
+from raftq.client._http_sync import SyncHttpPool
 from raftq.client._message import Delivery
 from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome
+from raftq.client.transport import ConnectFailed, HttpError, Transport
 
 CONNECT_TIMEOUT = 2.0  # as in the async client: a node that does not accept is taken for down
 
@@ -61,7 +61,19 @@ class Client:
         attempt_timeout: float = 10.0,
         producer_id: str | None = None,
         fmt: str = core.MSGPACK,
+        transport: Transport | None = None,
+        http_headers: core.HeadersHook | None = None,
     ) -> None:
+        """``transport``: what sends the HTTP requests (``raftq.client.transport.Transport``;
+        by default kept-alive ``http.client`` connections). The client closes it at ``close``.
+
+        ``http_headers``: extra headers (e.g. ``Authorization``) for every HTTP request the
+        client sends: a mapping, or a callable returning one, called anew for each request
+        (every try, every redirect hop). They cannot replace the client's own: a name among
+        Accept, Accept-Encoding, Connection, Content-Encoding, Content-Length, Content-Type,
+        Host, TE, Transfer-Encoding, Upgrade and Sec-WebSocket-* (in any case), a name given
+        twice, or a name or value not valid in HTTP raises ``ValueError``: at construction for
+        a mapping, from the client call for a callable's answer."""
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
@@ -69,7 +81,10 @@ class Client:
         self.retries = 0  # tries beyond the first, over this client's life
         self.producer = core.Producer(producer_id)
         self.fmt = fmt
-        self._conns: dict[str, http.client.HTTPConnection] = {}
+        if transport is None:
+            transport = SyncHttpPool(connect_timeout=CONNECT_TIMEOUT)
+        self._transport: Transport = transport
+        self._extra_headers = core.header_source(http_headers)
 
     def __enter__(self) -> Client:
         return self
@@ -83,9 +98,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
+        self._transport.close()
 
     # ------------------------------------------------------------------ the I/O loop
 
@@ -124,42 +137,8 @@ class Client:
                 self.retries += 1
                 time.sleep(delay)
 
-    def _drop_if_closed(self, base: str) -> None:
-        """A kept-alive connection the server has closed meanwhile (it reads as EOF) is dropped
-        before use: sending on it would leave the outcome of a non-idempotent request unknown."""
-        conn = self._conns.get(base)
-        sock = conn.sock if conn is not None else None
-        if conn is None or sock is None:
-            return
-        try:
-            poller = select.poll()  # (select.select fails for descriptors >= 1024)
-            poller.register(sock, select.POLLIN | select.POLLERR | select.POLLHUP)
-            readable = poller.poll(0)
-        except (OSError, ValueError):
-            readable = [(0, 0)]
-        if readable:  # EOF, or bytes nobody asked for: either way not reusable
-            conn.close()
-            del self._conns[base]
-
-    def _conn(self, base: str, timeout: float) -> http.client.HTTPConnection:
-        conn = self._conns.get(base)
-        if conn is None:
-            parts = urlsplit(base)
-            cls = (
-                http.client.HTTPSConnection
-                if parts.scheme == "https"
-                else http.client.HTTPConnection
-            )
-            conn = cls(parts.netloc, timeout=min(timeout, CONNECT_TIMEOUT))
-            self._conns[base] = conn
-        if conn.sock is None:
-            conn.timeout = min(timeout, CONNECT_TIMEOUT)
-            conn.connect()
-        conn.sock.settimeout(timeout)
-        return conn
-
     def _send(self, url: str, wire: core.Wire, remaining: float, idempotent: bool) -> Any:
-        base, path = url, wire.path
+        target = url + wire.path
         redirects = 0
         fresh_retry = idempotent
         deadline = time.monotonic() + remaining  # for every redirect hop together
@@ -167,46 +146,32 @@ class Client:
             left = deadline - time.monotonic()
             if left <= 0:  # (only after a redirect, which applied nothing)
                 raise Unavailable(f"{url}: redirected until the time ran out")
-            self._drop_if_closed(base)
-            reused = base in self._conns and self._conns[base].sock is not None
-            sent = False
+            headers = core.with_headers(wire.headers, self._extra_headers)
             try:
-                conn = self._conn(base, left)
-                conn.request(wire.method, path, body=wire.body, headers=wire.headers)
-                sent = True
-                resp = conn.getresponse()
-                data = _read_body(conn, resp, deadline)
-            except (OSError, http.client.HTTPException) as e:
-                dead = self._conns.pop(base, None)
-                if dead is not None:
-                    dead.close()
-                stale = reused and isinstance(
-                    e, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
-                )
-                if stale and fresh_retry:
+                resp = self._transport.request(wire.method, target, headers, wire.body, left)
+            except HttpError as e:
+                if e.stale and fresh_retry:
                     # The server closed an idle kept-alive socket, probably before reading this
                     # request; only a request that is safe to repeat is sent again (else the
                     # caller learns that its outcome is unknown).
                     fresh_retry = False
                     continue
-                raise core.unavailable(url, e, sent=sent) from e
-            if resp.getheader("Connection", "").lower() == "close":
-                conn.close()
-                self._conns.pop(base, None)
-            leader = resp.getheader("X-Raftq-Leader")
-            location = resp.getheader("Location")
+                sent = not isinstance(e, ConnectFailed)
+                raise core.unavailable(url, _cause(e), sent=sent) from e
+            leader = resp.headers.get("x-raftq-leader")
+            location = resp.headers.get("location")
             if core.is_redirect(resp.status) and location:
                 redirects += 1
                 if redirects > core.MAX_REDIRECTS:
                     raise Unavailable(f"too many redirects from {url}")
-                target = urlsplit(urljoin(base + path, location))  # (may be relative)
-                base = core.normalize_url(f"{target.scheme}://{target.netloc}")
+                parts = urlsplit(urljoin(target, location))  # (may be relative)
+                base = core.normalize_url(f"{parts.scheme}://{parts.netloc}")
                 self.endpoints.learn(base)
-                path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+                target = base + (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
                 continue
             if leader:
                 self.endpoints.learn(leader)
-            return core.decode(resp.status, resp.getheader("Content-Type"), data)
+            return core.decode(resp.status, resp.headers.get("content-type"), resp.body)
 
     # ------------------------------------------------------------------ cluster
 
@@ -279,7 +244,7 @@ class Client:
         delay: float | None = None,
     ) -> int:
         body = core.message_body(self.producer, payload, headers, key, delay)
-        res = self.request(core.Request("POST", core.path("topics", topic, "messages"), body))
+        res = self.request(rq.publish(topic, body))
         return int(res["seq"])
 
     def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
@@ -373,20 +338,6 @@ class Client:
         return self.request(rq.redrive(topic, max))
 
 
-def _read_body(
-    conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, deadline: float
-) -> bytes:
-    """The response body, within the deadline as a whole (a socket timeout bounds each read
-    only: a server sending a byte now and then would hold the caller for ever)."""
-    parts = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the response did not arrive in time")
-        if conn.sock is not None:
-            conn.sock.settimeout(left)
-        part = resp.read1(65536)
-        if not part:
-            parts.append(resp.read())  # nothing left: this marks the response done (reuse)
-            return b"".join(parts)
-        parts.append(part)
+def _cause(e: HttpError) -> BaseException:
+    """What the default transport caught (its message is the one callers have always seen)."""
+    return e.__cause__ if isinstance(e.__cause__, Exception) else e
