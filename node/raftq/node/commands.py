@@ -28,7 +28,7 @@ STR = "string"
 MAP = "map"
 LIST = "list"
 BOOL = "boolean"
-ANY = "any"
+ANY = "any"  # checked by whoever uses the value (a payload, a frame's id)
 
 
 def _is(value: Any, kind: str) -> bool:
@@ -44,7 +44,7 @@ def _is(value: Any, kind: str) -> bool:
         return isinstance(value, list)
     if kind == BOOL:
         return isinstance(value, bool)
-    return True  # ANY: checked later (payload)
+    return True
 
 
 def check_fields(
@@ -62,6 +62,8 @@ def check_fields(
         if body.get(f) is None:
             raise ApiError("invalid_argument", f"{where}{f} is required", {"field": f})
     for f, kind in allowed.items():
+        if kind == ANY:
+            continue
         value = body.get(f)
         if value is not None and not _is(value, kind):
             raise ApiError("invalid_argument", f"{where}{f} must be a {kind}", {"field": f})

@@ -1,0 +1,70 @@
+"""Paired A/B of ``raftq bench`` between two checkouts, in one run.
+
+    python bench/ab.py --a /tmp/base --b . --rounds 6 --cases a,b,d
+
+Each checkout needs its own venv with raftq installed from it (``make venv`` there; ``--a`` and
+``--b`` name the checkouts, their ``.venv/bin/raftq`` runs). Rounds alternate A B B A ... (each
+one ``raftq bench --runs 1``: a fresh 3-node cluster, fsync always), so the VM's drift (±15 %
+within the hour here) hits both sides alike. Prints, per case, the median rate of each side,
+B/A of the medians and B/A of each adjacent pair; writes the rows as JSON (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def run_one(checkout: Path, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    raftq = checkout / ".venv" / "bin" / "raftq"
+    cmd = [str(raftq), "bench", "--runs", "1", "--cases", args.cases, "--sizes", args.sizes,
+           "--secs", str(args.secs), "--n", str(args.n), "--out", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, cwd=checkout, stdout=subprocess.DEVNULL, timeout=1800)
+    rows: list[dict[str, Any]] = json.loads(out.read_text())["runs"]
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--a", type=Path, required=True, help="checkout A (the baseline)")
+    p.add_argument("--b", type=Path, required=True, help="checkout B (the change)")
+    p.add_argument("--rounds", type=int, default=6, help="runs per side (even: ABBA pairs)")
+    p.add_argument("--cases", default="a,b,d")
+    p.add_argument("--sizes", default="100,1024")
+    p.add_argument("--secs", type=float, default=5.0)
+    p.add_argument("--n", type=int, default=20_000)
+    p.add_argument("--out", type=Path, default=Path("ab-results.json"))
+    args = p.parse_args()
+    rows: list[dict[str, Any]] = []
+    order = [("A", "B"), ("B", "A")]
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(args.rounds):
+            for side in order[k % 2]:
+                checkout = args.a if side == "A" else args.b
+                got = run_one(checkout.resolve(), args, Path(tmp) / f"{side}{k}.json")
+                rows += [{**r, "side": side, "round": k} for r in got]
+                print(f"round {k} {side} done", file=sys.stderr, flush=True)
+    args.out.write_text(json.dumps(rows, indent=1, default=str))
+    for case in dict.fromkeys(r["case"] for r in rows):
+        a = [r for r in rows if r["case"] == case and r["side"] == "A"]
+        b = [r for r in rows if r["case"] == case and r["side"] == "B"]
+        ma, mb = (statistics.median(x["rate"] for x in side) for side in (a, b))
+        pairs = [y["rate"] / x["rate"] for x, y in zip(a, b, strict=True)]
+        p50 = ""
+        if all("p50_ms" in r for r in a + b):
+            pa, pb = (statistics.median(x["p50_ms"] for x in side) for side in (a, b))
+            p50 = f"  p50 {pa:.2f} -> {pb:.2f} ms"
+        print(f"{case:52s} A {ma:9.0f}/s  B {mb:9.0f}/s  B/A {mb / ma:5.3f}  "
+              f"(pairs {' '.join(f'{x:.2f}' for x in pairs)}){p50}")  # fmt: skip
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
