@@ -34,6 +34,22 @@ def test_invalid_patterns_are_invalid_argument_naming_the_field(pattern: Any) ->
     assert ei.value.field == "grants[].topics"  # type: ignore[attr-defined]
 
 
+def test_check_patterns_returns_a_copy_of_a_list_of_patterns() -> None:
+    given_ = ["orders.*", "*", "audit"]
+    out = G.check_patterns(given_, "topics")
+    assert out == given_ and out is not given_
+    assert G.check_patterns([], "topics") == []
+
+
+@pytest.mark.parametrize(
+    "value", [None, "orders.*", ("a",), ["a", "b*"], ["a"] * (G.MAX_PATTERNS + 1)]
+)
+def test_bad_pattern_lists_are_invalid_argument_naming_the_field(value: Any) -> None:
+    with pytest.raises(E.InvalidArgument) as ei:
+        G.check_patterns(value, "topics")
+    assert ei.value.field == "topics"  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("pattern", "topic", "expected"),
     [

@@ -160,7 +160,7 @@ VALID: dict[str, dict[str, Any]] = {
     "nack": {"receipts": [RECEIPT], "delay": 1},
     "extend": {"receipts": [RECEIPT], "seconds": 5},
     "term": {"receipts": [RECEIPT], "reason": "r"},
-    "release": {"consumer": "c1"},
+    "release": {"consumer": "c1", "topics": ["t", "x.*"]},
     "tick": {},
     "purge": {"topic": "t", "group": "g"},
     "redrive": {"topic": "t.dlq", "max": 1},

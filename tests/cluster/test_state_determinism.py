@@ -98,7 +98,10 @@ def make_log(seed: int, entries: int) -> list[bytes]:
         if r < 0.84:
             return {"op": "term", "receipts": some, "reason": "bad"}
         if r < 0.88:
-            return {"op": "release", "consumer": f"c{rng.randint(0, 2)}"}
+            cmd = {"op": "release", "consumer": f"c{rng.randint(0, 2)}"}
+            if rng.random() < 0.5:
+                cmd["topics"] = rng.sample(PATTERNS, rng.randint(0, 2))
+            return cmd
         if r < 0.89:
             return {"op": "redrive", "topic": f"{t}.dlq", "max": rng.randint(1, 5)}
         if r < 0.9:

@@ -37,6 +37,15 @@ def check_pattern(value: Any, field: str) -> str:
     )
 
 
+def check_patterns(value: Any, field: str) -> list[str]:
+    """A list of at most MAX_PATTERNS patterns (a copy), else InvalidArgument naming ``field``."""
+    if not isinstance(value, list) or len(value) > MAX_PATTERNS:
+        raise InvalidArgument(
+            f"{field} must be a list of at most {MAX_PATTERNS} topic patterns", field=field
+        )
+    return [check_pattern(p, field) for p in value]
+
+
 def matches(pattern: str, topic: str) -> bool:
     """Does a (checked) pattern cover ``topic``?"""
     if pattern == "*":

@@ -55,7 +55,7 @@ from raftq.cluster.errors import (
     TopicFull,
     TopicNotFound,
 )
-from raftq.cluster.grants import check_grants
+from raftq.cluster.grants import check_grants, check_patterns, matches
 
 # 2: topics carry their running publish delays; 3: dedup keys per publish; 4: API tokens,
 # written only when there is one (else 3, which nodes without tokens can still install).
@@ -1058,11 +1058,16 @@ class Broker:
         return {"terminated": done, "errors": errors}
 
     def _op_release(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        """Give back a consumer's deliveries; with ``topics`` (patterns), only those on topics
+        one of them matches (the node passes a token's consume patterns)."""
         consumer = v.string(cmd.get("consumer"), "consumer", 256)
+        only = check_patterns(cmd["topics"], "topics") if "topics" in cmd else None
         pairs = self._consumers.get(consumer)
         released = 0
         dead = 0
         for tname, gname in sorted(pairs or ()):
+            if only is not None and not any(matches(p, tname) for p in only):
+                continue
             t = self.topics[tname]
             g = t.groups[gname]
             for seq in sorted(g.by_consumer.get(consumer, ())):
