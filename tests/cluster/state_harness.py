@@ -124,3 +124,5 @@ def check_invariants(b: Broker) -> None:
     assert set(b._aging.at) <= set(b.topics) and set(b._dedup_expiry.at) <= set(b.topics)
     for index in (b._aging, b._dedup_expiry):
         assert all((due, name) in index.heap for name, due in index.at.items())
+    assert b._token_names == {r["name"]: tid for tid, r in b._tokens.items()}
+    assert all(r["id"] == tid for tid, r in b._tokens.items())

@@ -33,6 +33,9 @@ OPS = [
     "tick",
     "purge",
     "redrive",
+    "token_create",
+    "token_update",
+    "token_revoke",
 ]
 FIELDS = [
     "topic",
@@ -50,6 +53,14 @@ FIELDS = [
     "delay",
     "seconds",
     "reason",
+    "topics",
+    "id",
+    "name",
+    "hash",
+    "grants",
+    "cluster",
+    "expires_at",
+    "disabled",
 ]
 CONFIG_KEYS = [
     "max_messages",
@@ -71,6 +82,7 @@ scalars = st.one_of(
     st.integers(-(2**70), 2**70),
     st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from(["t", "default", "t.dlq", "g", "c1", "", ":", "t:default:1:1:00", "²"]),
+    st.sampled_from(["tok1", "ci", "*", "t.*", "publish", "admin", b"h" * 32]),
     st.text(max_size=8),
     st.binary(max_size=70),
 )
@@ -80,6 +92,7 @@ values = st.recursive(
         st.lists(inner, max_size=4),
         st.dictionaries(st.sampled_from(["payload", "key", "headers", "delay", "group"]), inner),
         st.dictionaries(st.sampled_from(CONFIG_KEYS), inner, max_size=3),
+        st.dictionaries(st.sampled_from(["topics", "actions", "x"]), inner, max_size=3),
         st.frozensets(st.integers(), max_size=2),
         st.sets(st.integers(), max_size=2),  # unhashable
     ),
@@ -103,6 +116,8 @@ def busy_broker() -> tuple[Broker, str]:
     d = do("receive", topic="t", group="default", consumer="c1", max=3, token=b"k" * 16)
     do("term", receipts=[d["deliveries"][0]["receipt"]])
     do("publish", topic="t", messages=[{"payload": b"late", "delay": 30}])
+    grants = [{"topics": "t", "actions": ["consume", "publish"]}]
+    do("token_create", id="tok1", name="ci", hash=b"h" * 32, grants=grants, expires_at=NOW + 9)
     return b, d["deliveries"][1]["receipt"]
 
 
@@ -145,10 +160,30 @@ VALID: dict[str, dict[str, Any]] = {
     "nack": {"receipts": [RECEIPT], "delay": 1},
     "extend": {"receipts": [RECEIPT], "seconds": 5},
     "term": {"receipts": [RECEIPT], "reason": "r"},
-    "release": {"consumer": "c1"},
+    "release": {"consumer": "c1", "topics": ["t", "x.*"]},
     "tick": {},
     "purge": {"topic": "t", "group": "g"},
     "redrive": {"topic": "t.dlq", "max": 1},
+    "token_create": {
+        "id": "tok2",
+        "name": "deploy",
+        "hash": b"d" * 32,
+        "grants": [
+            {"topics": "t.*", "actions": ["admin"]},
+            {"topics": "*", "actions": ["consume"]},
+        ],
+        "cluster": True,
+        "expires_at": NOW + 1000,
+    },
+    "token_update": {
+        "id": "tok1",
+        "name": "ci2",
+        "grants": [{"topics": "*", "actions": ["publish"]}],
+        "cluster": False,
+        "expires_at": None,
+        "disabled": True,
+    },
+    "token_revoke": {"id": "tok1"},
 }
 DELETE = object()
 
@@ -186,6 +221,27 @@ def broken_commands(draw: st.DrawFn) -> dict[str, Any]:
         else:
             parent[path[-1]] = value
     return cmd
+
+
+def _bad(op: str, **change: Any) -> dict[str, Any]:
+    return {"op": op, **VALID[op], **change}
+
+
+# Token commands that must be refused, each with good fields beside the bad one.
+BAD_TOKEN_COMMANDS = [
+    _bad("token_create", id="tok1"),
+    _bad("token_create", name="ci"),
+    _bad("token_create", hash=b"d" * 31),
+    _bad("token_create", grants=[{"topics": "*", "actions": ["admin"]}, {"topics": "*"}]),
+    _bad("token_create", cluster="yes"),
+    _bad("token_create", secret="s"),
+    _bad("token_update", disabled=None),
+    _bad("token_update", grants=[{"topics": "t**", "actions": ["admin"]}]),
+    _bad("token_update", hash=b"d" * 32),
+    _bad("token_update", id="tok2"),
+    _bad("token_revoke", id="tok2"),
+    _bad("token_revoke", id="bad.id"),
+]
 
 
 def fresh() -> Broker:
@@ -230,6 +286,14 @@ def test_a_batch_of_anything_yields_results_never_internal_errors(cmds: list[Any
         assert isinstance(r, dict)
         if "error" in r:
             assert r["error"]["code"] != "internal", r
+
+
+@pytest.mark.parametrize("command", BAD_TOKEN_COMMANDS)
+def test_a_rejected_token_command_changes_nothing(command: dict[str, Any]) -> None:
+    b = fresh()
+    with pytest.raises(BrokerError):
+        b.apply({**command, "now": NOW})
+    assert b.snapshot() == BASE
 
 
 @pytest.mark.parametrize("command", [None, 5, "publish", [("op", "tick")], b"x", {1, 2}])

@@ -822,6 +822,50 @@ def test_release_of_an_unknown_consumer_releases_nothing(h: Harness) -> None:
         h("release", consumer=None)
 
 
+def test_release_with_topics_releases_only_deliveries_on_matching_topics(h: Harness) -> None:
+    for name in ("orders", "orders.eu", "orders.us", "ordersx.eu", "audit"):
+        h.topic(name)
+        h.publish(name, b"x")
+        h.receive(name, consumer="gone")
+    res = h("release", consumer="gone", topics=["orders.*", "audit"])
+    assert res == {"consumer": "gone", "released": 3, "dead_lettered": 0}
+    released = {n: h.gstats(n)["in_flight"] == 0 for n in h.b.list_topics()}
+    assert released == {
+        "orders": False,
+        "orders.eu": True,
+        "orders.us": True,
+        "ordersx.eu": False,
+        "audit": True,
+    }
+    assert h("release", consumer="gone", topics=["*"])["released"] == 2
+
+
+def test_release_with_an_empty_topics_list_releases_nothing(h: Harness) -> None:
+    h.topic("t")
+    h.publish("t", b"x")
+    h.receive(consumer="gone")
+    assert h("release", consumer="gone", topics=[])["released"] == 0
+    assert h.gstats()["in_flight"] == 1
+
+
+@pytest.mark.parametrize(
+    "topics",
+    [None, "t", ["t*"], [5], ["t", "*.t"], ["t"] * 65],
+    ids=["none", "a-string", "glob", "int", "star-first", "too-many"],
+)
+def test_release_with_bad_topics_is_invalid_argument_and_releases_nothing(
+    h: Harness, topics: Any
+) -> None:
+    h.topic("t")
+    h.publish("t", b"x")
+    h.receive(consumer="gone")
+    before = h.b.snapshot()
+    with pytest.raises(E.InvalidArgument) as ei:
+        h("release", consumer="gone", topics=topics)
+    assert ei.value.field == "topics"  # type: ignore[attr-defined]
+    assert h.b.snapshot() == before
+
+
 # ---------------------------------------------------------------- timeouts and tick
 
 

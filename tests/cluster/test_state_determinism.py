@@ -28,6 +28,8 @@ TOPICS = {
     "jobs": {"max_messages": 60, "overflow": "reject", "max_age": 20},
     "events": {},
 }
+PATTERNS = ["*", "orders", "orders.*", "jobs", "jobs.*", "events", "o.*", "orders.dlq"]
+ACTIONS = ["publish", "consume", "admin"]
 
 
 def make_log(seed: int, entries: int) -> list[bytes]:
@@ -96,7 +98,10 @@ def make_log(seed: int, entries: int) -> list[bytes]:
         if r < 0.84:
             return {"op": "term", "receipts": some, "reason": "bad"}
         if r < 0.88:
-            return {"op": "release", "consumer": f"c{rng.randint(0, 2)}"}
+            cmd = {"op": "release", "consumer": f"c{rng.randint(0, 2)}"}
+            if rng.random() < 0.5:
+                cmd["topics"] = rng.sample(PATTERNS, rng.randint(0, 2))
+            return cmd
         if r < 0.89:
             return {"op": "redrive", "topic": f"{t}.dlq", "max": rng.randint(1, 5)}
         if r < 0.9:
@@ -116,7 +121,35 @@ def make_log(seed: int, entries: int) -> list[bytes]:
             return {"op": "update_topic", "topic": t, "config": config}
         if r < 0.95:
             return {"op": rng.choice(["nope", "publish", "receive"]), "topic": 7}
+        if r < 0.97:
+            return token_command()
         return {"op": "tick"}
+
+    def token_command() -> dict[str, Any]:
+        """Ids and names from small pools, so that creates collide and updates rename into
+        taken names; the hash is random bytes, 31 of them now and then."""
+        tid = f"tok{rng.randint(0, 4)}"
+        r = rng.random()
+        fields: dict[str, Any] = {}
+        if r < 0.4 or rng.random() < 0.3:
+            fields["name"] = f"n{rng.randint(0, 4)}"
+        if r < 0.4 or rng.random() < 0.3:
+            fields["grants"] = [
+                {"topics": rng.choice(PATTERNS), "actions": rng.sample(ACTIONS, rng.randint(1, 3))}
+                for _ in range(rng.randint(0, 3))
+            ]
+        for f in ("cluster", "disabled"):
+            if rng.random() < 0.3:
+                fields[f] = rng.random() < 0.5
+        if rng.random() < 0.3:
+            fields["expires_at"] = rng.choice([None, now + rng.randint(0, 10**6)])
+        if r < 0.4:
+            fields.pop("disabled", None)
+            digest = rng.randbytes(32 if rng.random() < 0.9 else 31)
+            return {"op": "token_create", "id": tid, "hash": digest, **fields}
+        if r < 0.85:
+            return {"op": "token_update", "id": tid, **fields}
+        return {"op": "token_revoke", "id": tid}
 
     for i in range(entries):
         now += rng.choice([0, 0, 1, 50, 400, 1500, 4000])
@@ -202,3 +235,4 @@ def test_the_random_log_keeps_the_bookkeeping_consistent_and_exercises_every_pat
     for k in ("acked_total", "timed_out_total", "dead_lettered_total", "redelivered_total"):
         assert totals[k] > 10, (k, totals)
     assert any(t.endswith(".dlq") for t in b.list_topics())
+    assert b.tokens(), "some tokens are left for the snapshots to carry"

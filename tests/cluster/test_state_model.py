@@ -371,10 +371,17 @@ class BrokerMachine(RuleBasedStateMachine):
                 self.model.dead(*hit, "term: stop")
         assert self.apply("term", receipts=receipts, reason="stop")["terminated"] == ok
 
-    @rule(consumer=st.sampled_from(["c1", "c2"]))
-    def release(self, consumer: str) -> None:
+    @rule(
+        consumer=st.sampled_from(["c1", "c2"]),
+        # release's topic filter: these patterns match the one topic "t" or not
+        topics=st.one_of(
+            st.none(), st.lists(st.sampled_from(["t", "*", "t.*", "u", "x.*"]), max_size=2)
+        ),
+    )
+    def release(self, consumer: str, topics: list[str] | None) -> None:
         n = dead = 0
-        for g in sorted(GROUPS):
+        hit = topics is None or "t" in topics or "*" in topics
+        for g in sorted(GROUPS) if hit else []:
             mine = sorted(
                 s
                 for s, e in self.model.st[g].items()
@@ -384,7 +391,9 @@ class BrokerMachine(RuleBasedStateMachine):
                 n += 1
                 self.model.counters[g]["released"] += 1
                 dead += self.model.fail(g, s, 0, "released")
-        res = self.apply("release", consumer=consumer)
+        res = self.apply(
+            "release", consumer=consumer, **({} if topics is None else {"topics": topics})
+        )
         assert (res["released"], res["dead_lettered"]) == (n, dead)
 
     @rule(ms=st.sampled_from([1, 499, 500, 1000, 2000, 3000, 5000, 10_000, 15_000]))

@@ -10,10 +10,12 @@ maps back to an exception class) and carries its data as attributes, also collec
     │   └── MessageTooLarge           message_too_large size, limit, index
     ├── NotFound                      not_found
     │   ├── TopicNotFound             topic_not_found   topic
-    │   └── GroupNotFound             group_not_found   topic, group
+    │   ├── GroupNotFound             group_not_found   topic, group
+    │   └── TokenNotFound             token_not_found   id
     ├── Conflict                      conflict
     │   ├── TopicExists               topic_exists      topic
-    │   └── GroupExists               group_exists      topic, group
+    │   ├── GroupExists               group_exists      topic, group
+    │   └── TokenExists               token_exists      field, id or name
     ├── TopicFull                     topic_full        topic, count, bytes, max_messages, max_bytes
     └── ReceiptError                  receipt_error
         ├── ReceiptInvalid            receipt_invalid   receipt
@@ -72,6 +74,10 @@ class GroupNotFound(NotFound):
     code = "group_not_found"
 
 
+class TokenNotFound(NotFound):
+    code = "token_not_found"
+
+
 class Conflict(BrokerError):
     code = "conflict"
 
@@ -82,6 +88,10 @@ class TopicExists(Conflict):
 
 class GroupExists(Conflict):
     code = "group_exists"
+
+
+class TokenExists(Conflict):
+    code = "token_exists"
 
 
 class TopicFull(BrokerError):

@@ -24,6 +24,10 @@ and delays sit in two global heaps with lazy deletion, so expiry costs O(expired
 command scans all messages. Retention (``max_age``) and dedup-key expiry are per topic; two
 ``_Expiry`` heaps hold a lower bound of each topic's next such time, so no command scans all
 topics either.
+
+API tokens are records the node authenticates requests with (``hash`` is the SHA-256 of the
+secret; the secret never gets here). Only their commands change them; nothing expires them here:
+the node compares ``expires_at`` with its own clock, so that apply stays deterministic.
 """
 
 from __future__ import annotations
@@ -45,17 +49,30 @@ from raftq.cluster.errors import (
     MessageTooLarge,
     ReceiptInvalid,
     ReceiptStale,
+    TokenExists,
+    TokenNotFound,
     TopicExists,
     TopicFull,
     TopicNotFound,
 )
+from raftq.cluster.grants import check_grants, check_patterns, matches
 
-SNAPSHOT_VERSION = 3  # 2: topics carry their running publish delays; 3: dedup keys per publish
-READABLE_SNAPSHOTS = (2, 3)
+# 2: topics carry their running publish delays; 3: dedup keys per publish; 4: API tokens,
+# written only when there is one (else 3, which nodes without tokens can still install).
+SNAPSHOT_VERSION = 4
+READABLE_SNAPSHOTS = (2, 3, 4)
 DEFAULT_GROUP = "default"
 DLQ_PREFIX = "x-raftq-dlq-"
 REDRIVE_HEADER = "x-raftq-redrives"
 MAX_RECEIPT_LEN = 600
+TOKEN_HASH_BYTES = 32  # SHA-256
+TOKEN_CREATE_FIELDS = frozenset(
+    ["op", "now", "id", "name", "hash", "grants", "cluster", "expires_at"]
+)
+TOKEN_UPDATE_FIELDS = frozenset(
+    ["op", "now", "id", "name", "grants", "cluster", "expires_at", "disabled"]
+)
+TOKEN_REVOKE_FIELDS = frozenset(["op", "now", "id"])
 COMPACT_SLACK = 4096  # stale deadline entries tolerated beyond twice the live ones
 EXPIRY_SLACK = 1024  # the same for the per-topic expiry heaps (_Expiry)
 
@@ -361,6 +378,8 @@ class Broker:
         self._dedup_expiry = _Expiry()  # topics holding idempotency keys
         # consumer -> {(topic, group): None}, to release a consumer's deliveries at once.
         self._consumers: dict[str, dict[tuple[str, str], None]] = {}
+        self._tokens: dict[str, dict[str, Any]] = {}  # id -> record (see _op_token_create)
+        self._token_names: dict[str, str] = {}  # name -> id
         self.applied_commands = 0
 
     # ------------------------------------------------------------------ entry points
@@ -1039,11 +1058,16 @@ class Broker:
         return {"terminated": done, "errors": errors}
 
     def _op_release(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        """Give back a consumer's deliveries; with ``topics`` (patterns), only those on topics
+        one of them matches (the node passes a token's consume patterns)."""
         consumer = v.string(cmd.get("consumer"), "consumer", 256)
+        only = check_patterns(cmd["topics"], "topics") if "topics" in cmd else None
         pairs = self._consumers.get(consumer)
         released = 0
         dead = 0
         for tname, gname in sorted(pairs or ()):
+            if only is not None and not any(matches(p, tname) for p in only):
+                continue
             t = self.topics[tname]
             g = t.groups[gname]
             for seq in sorted(g.by_consumer.get(consumer, ())):
@@ -1202,7 +1226,96 @@ class Broker:
         if t.config["max_age"] is not None:
             self._aging.note(t.name, _age_due(t))
 
+    # ------------------------------------------------------------------ API tokens
+
+    def _token(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        tid = cmd.get("id")
+        rec = self._tokens.get(tid) if isinstance(tid, str) else None
+        if rec is None:
+            v.token_id(tid)
+            raise TokenNotFound(f"token {tid!r} not found", id=tid)
+        return rec
+
+    def _token_fields(
+        self, cmd: Mapping[str, Any], tid: str, fields: tuple[str, ...]
+    ) -> dict[str, Any]:
+        """The given ones of ``fields``, validated: a field given is set (``expires_at: None``
+        clears the expiry), one left out keeps its value."""
+        out: dict[str, Any] = {}
+        for f in fields:
+            if f not in cmd:
+                continue
+            x = cmd[f]
+            if f == "name":
+                name = v.name(x, "name")
+                owner = self._token_names.get(name)
+                if owner is not None and owner != tid:
+                    raise TokenExists(
+                        f"a token named {name!r} already exists", field="name", name=name
+                    )
+                out[f] = name
+            elif f == "grants":
+                out[f] = check_grants(x)
+            elif f == "expires_at":
+                out[f] = None if x is None else v.integer(x, f, 0)
+            else:  # cluster, disabled
+                out[f] = v.boolean(x, f)
+        return out
+
+    def _op_token_create(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        v.unknown(cmd, TOKEN_CREATE_FIELDS, "token_create")
+        tid = v.token_id(cmd.get("id"))
+        if tid in self._tokens:
+            raise TokenExists(f"token {tid!r} already exists", field="id", id=tid)
+        for f in ("name", "hash", "grants"):
+            if f not in cmd:
+                raise InvalidArgument(f"token_create needs {f}", field=f)
+        given = self._token_fields(cmd, tid, ("name", "grants", "cluster", "expires_at"))
+        rec: dict[str, Any] = {
+            "id": tid,
+            "name": given["name"],
+            "hash": v.fixed_bytes(cmd["hash"], "hash", TOKEN_HASH_BYTES),
+            "grants": given["grants"],
+            "cluster": given.get("cluster", False),  # may manage membership and tokens
+            "expires_at": given.get("expires_at"),  # ms; the node checks it against its clock
+            "disabled": False,
+            "created_at": self.now,
+        }
+        self._tokens[tid] = rec
+        self._token_names[rec["name"]] = tid
+        return {"id": tid, "name": rec["name"], "created_at": self.now}
+
+    def _op_token_update(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        v.unknown(cmd, TOKEN_UPDATE_FIELDS, "token_update")
+        rec = self._token(cmd)
+        tid = rec["id"]
+        changes = self._token_fields(
+            cmd, tid, ("name", "grants", "cluster", "expires_at", "disabled")
+        )
+        if "name" in changes:
+            del self._token_names[rec["name"]]
+            self._token_names[changes["name"]] = tid
+        rec.update(changes)
+        return _token_view(rec)
+
+    def _op_token_revoke(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        v.unknown(cmd, TOKEN_REVOKE_FIELDS, "token_revoke")
+        rec = self._token(cmd)
+        del self._tokens[rec["id"]]
+        del self._token_names[rec["name"]]
+        return {"id": rec["id"], "revoked": True}
+
     # ------------------------------------------------------------------ queries (read-only)
+
+    def token(self, token_id: str) -> dict[str, Any] | None:
+        """A token's whole record, ``hash`` included, for the node to check a secret against:
+        never answer it to a client (``tokens()`` is the public view)."""
+        rec = self._tokens.get(token_id) if isinstance(token_id, str) else None
+        return None if rec is None else {**_token_view(rec), "hash": rec["hash"]}
+
+    def tokens(self) -> list[dict[str, Any]]:
+        """Every token's public view (no hash), by name."""
+        return [_token_view(self._tokens[tid]) for _, tid in sorted(self._token_names.items())]
 
     def list_topics(self) -> list[str]:
         return list(self.topics)
@@ -1324,9 +1437,23 @@ class Broker:
                     list(t.publish_delays.items()),
                 ]
             )
-        return msgpack.packb(
-            [SNAPSHOT_VERSION, self.now, self.applied_commands, topics], use_bin_type=True
-        )
+        head = [self.now, self.applied_commands, topics]
+        if not self._tokens:  # the v3 bytes: a node without tokens can still install them
+            return msgpack.packb([3, *head], use_bin_type=True)
+        tokens = [
+            [
+                tid,
+                r["name"],
+                r["hash"],
+                [[g["topics"], g["actions"]] for g in r["grants"]],
+                r["cluster"],
+                r["expires_at"],
+                r["disabled"],
+                r["created_at"],
+            ]
+            for tid, r in sorted(self._tokens.items())
+        ]
+        return msgpack.packb([SNAPSHOT_VERSION, *head, tokens], use_bin_type=True)
 
     def restore(self, data: bytes) -> None:
         """Replace the whole state with a snapshot's; on a bad snapshot raise ValueError and
@@ -1346,7 +1473,25 @@ class Broker:
         self.__dict__.update(fresh.__dict__)
 
     def _load(self, obj: Any) -> None:
-        version, self.now, self.applied_commands, topics = obj
+        if obj[0] >= 4:
+            version, self.now, self.applied_commands, topics, tokens = obj
+        else:
+            version, self.now, self.applied_commands, topics = obj
+            tokens = ()
+        for tid, name, digest, grants, cluster, expires_at, disabled, created_at in tokens:
+            if tid in self._tokens or name in self._token_names:
+                raise ValueError(f"token {tid!r} or name {name!r} given twice")
+            self._tokens[tid] = {
+                "id": tid,
+                "name": name,
+                "hash": digest,
+                "grants": [{"topics": p, "actions": list(a)} for p, a in grants],
+                "cluster": cluster,
+                "expires_at": expires_at,
+                "disabled": disabled,
+                "created_at": created_at,
+            }
+            self._token_names[name] = tid
         for (
             name, config, created_at, next_seq, first_seq, msgs, refs, dedup, tc, groups, delays,
         ) in topics:  # fmt: skip
@@ -1402,6 +1547,19 @@ class Broker:
         self._deadlines_limit = 2 * len(self._deadlines) + COMPACT_SLACK
 
 
+def _token_view(rec: dict[str, Any]) -> dict[str, Any]:
+    """A token's public view (everything but ``hash``), a copy."""
+    return {
+        "id": rec["id"],
+        "name": rec["name"],
+        "grants": [{"topics": g["topics"], "actions": list(g["actions"])} for g in rec["grants"]],
+        "cluster": rec["cluster"],
+        "expires_at": rec["expires_at"],
+        "disabled": rec["disabled"],
+        "created_at": rec["created_at"],
+    }
+
+
 def _group_config_out(g: Group) -> dict[str, Any]:
     """A copy: results leave the state machine and must not alias its state."""
     out = dict(g.config)
@@ -1426,4 +1584,7 @@ _HANDLERS: dict[str, Any] = {
     "tick": Broker._op_tick,
     "purge": Broker._op_purge,
     "redrive": Broker._op_redrive,
+    "token_create": Broker._op_token_create,
+    "token_update": Broker._op_token_update,
+    "token_revoke": Broker._op_token_revoke,
 }

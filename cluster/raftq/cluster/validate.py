@@ -14,6 +14,7 @@ from typing import Any
 from raftq.cluster.errors import InvalidArgument, InvalidName
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+TOKEN_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # no ".": it ends the id in rq_<id>.<secret>
 MAX_TIMEOUT_S = 12 * 3600
 MAX_DELAY_S = 14 * 24 * 3600
 MAX_BACKOFF_STEPS = 32
@@ -48,6 +49,24 @@ def name(value: Any, field: str) -> str:
             field=field,
             name=value if isinstance(value, str) else repr(value),
         )
+    return value
+
+
+def token_id(value: Any, field: str = "id") -> str:
+    if not isinstance(value, str) or not TOKEN_ID_RE.fullmatch(value):
+        raise InvalidArgument(f"{field} must match [A-Za-z0-9_-]{{1,64}}", field=field)
+    return value
+
+
+def boolean(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{field} must be true or false", field=field)
+    return value
+
+
+def fixed_bytes(value: Any, field: str, size: int) -> bytes:
+    if not isinstance(value, bytes) or len(value) != size:
+        raise InvalidArgument(f"{field} must be exactly {size} bytes", field=field)
     return value
 
 
@@ -97,7 +116,8 @@ def mapping(value: Any, field: str) -> Mapping[str, Any]:
     return value
 
 
-def _unknown(cfg: Mapping[str, Any], allowed: frozenset[str], field: str) -> None:
+def unknown(cfg: Mapping[str, Any], allowed: frozenset[str], field: str) -> None:
+    """Refuse keys of ``cfg`` not in ``allowed``, naming the first (``field`` names ``cfg``)."""
     extra = sorted(str(k) for k in cfg if k not in allowed)
     if extra:
         raise InvalidArgument(f"unknown {field} field(s): {', '.join(extra)}", field=extra[0])
@@ -105,7 +125,7 @@ def _unknown(cfg: Mapping[str, Any], allowed: frozenset[str], field: str) -> Non
 
 def topic_config(cfg: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Merge ``cfg`` over ``base`` (or the defaults) and validate the result."""
-    _unknown(cfg, TOPIC_FIELDS, "topic config")
+    unknown(cfg, TOPIC_FIELDS, "topic config")
     out = dict(base if base is not None else TOPIC_DEFAULTS)
     out.update(cfg)
     for f in ("max_messages", "max_bytes"):
@@ -127,7 +147,7 @@ def topic_config(cfg: Mapping[str, Any], base: Mapping[str, Any] | None = None) 
 def group_config(
     topic: str, cfg: Mapping[str, Any], base: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    _unknown(cfg, GROUP_FIELDS, "group config")
+    unknown(cfg, GROUP_FIELDS, "group config")
     out = dict(base if base is not None else GROUP_DEFAULTS)
     if base is None:
         # Cut so that the longest valid topic name still has a valid dead-letter topic.

@@ -19,9 +19,11 @@ STATUS_BY_CODE: dict[str, int] = {
     "not_found": 404,
     "topic_not_found": 404,
     "group_not_found": 404,
+    "token_not_found": 404,
     "conflict": 409,
     "topic_exists": 409,
     "group_exists": 409,
+    "token_exists": 409,
     "topic_full": 429,
     "receipt_error": 400,
     "receipt_invalid": 400,  # not a receipt this cluster issued (or tampered with)
