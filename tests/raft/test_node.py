@@ -1128,3 +1128,41 @@ async def test_a_follower_that_fails_to_install_a_snapshot_acks_nothing(
         assert not [m for m in sent if m.get("type") == "next_node_idx"]
     finally:
         await node.stop()
+
+
+@pytest.mark.parametrize("where", ["tick", "loop poll"])
+async def test_an_unexpected_error_in_pysyncobj_stops_the_node_logged_once(
+    caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    """A tick that raises would raise again every TICK, pysyncobj's state half updated: the
+    node stops instead, as on a storage failure, and says why once."""
+    ns = Nodes(None, 1 if where == "loop poll" else 3)  # a leader on its loop / a follower
+    node = ns.start("n1")
+    boom = ValueError("boom")
+
+    def fail(*args: Any) -> None:
+        raise boom
+
+    try:
+        if where == "loop poll":
+            await ns.leader()
+            await until("the loop to tick", lambda: node._ticks.on_home)
+            node._raft.poll = fail
+        else:
+            await until("a tick", lambda: node.stats["max_tick_ms"] > 0)
+            node._raft.tick = fail
+        await until("the node to stop", lambda: not node.status().running, 5)
+        thread = node._ticks.thread
+        assert thread is not None
+        thread.join(5)
+        assert not thread.is_alive()  # the tick thread ended
+        st = node.status()
+        assert st.error is not None and "ValueError('boom')" in st.error
+        assert ("tick" if where == "tick" else "poll") in st.error
+        with pytest.raises(RaftError, match=r"stopped.*boom"):
+            await node.propose([{"op": "create_topic", "topic": "t"}])
+        await asyncio.sleep(0.2)  # (20 ticks' worth)
+        logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is boom]
+        assert len(logged) == 1 and logged[0].levelname == "CRITICAL"
+    finally:
+        await ns.close()

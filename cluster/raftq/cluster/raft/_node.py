@@ -251,10 +251,19 @@ class RaftNode:
                 ticks.close_notifier()  # here, not on the tick thread: wake() may be writing
         self._fail_all()
 
-    def _fail(self, err: BaseException) -> None:
+    def _fail(self, err: BaseException, cause: BaseException | None = None) -> None:
+        """Stop the node: the tick thread ends (destroying pysyncobj), proposals and reads fail,
+        ``status()`` shows ``err``. Only the first failure is logged (with ``cause``'s
+        traceback)."""
         if self._fatal is None:
-            log.critical("raft node %s stopped: %s", self.config.node_id, err)
+            log.critical("raft node %s stopped: %s", self.config.node_id, err, exc_info=cause)
             self._fatal = err
+
+    def _crash(self, where: str, e: Exception) -> None:
+        """An unexpected exception in pysyncobj's code (or ours inside it): whatever it left
+        half done, the node cannot go on safely, and a tick that raises would raise again
+        every TICK. Stop, as on a storage failure."""
+        self._fail(RaftError(f"unexpected error in {where}: {e!r}"), e)
 
     def _fail_all(self) -> None:
         self._proposals.fail_all()
@@ -386,8 +395,9 @@ class RaftNode:
             except StorageError as e:  # as on the tick thread: the node stops
                 self._fail(e)
                 wake = True  # the next tick hands back to the tick thread, which ends
-            except Exception:  # as on the tick thread: logged; the outcome comes as usual
-                log.exception("raft append failed")
+            except Exception as e:  # as on the tick thread: the node stops
+                self._crash("appending proposals", e)
+                wake = True
             finally:
                 ticks.lock.release()
         if wake:

@@ -163,18 +163,15 @@ class Ticks:
         except StorageError as e:
             node._fail(e)
             return wait
-        except Exception:
-            log.exception("raft tick failed")
+        except Exception as e:  # pysyncobj's state is unknown now: stop, as on a storage error
+            node._crash("the raft tick", e)
+            return wait
         try:
-            # Always, even after a failed tick: the next tick counts the leader's own
-            # entries toward commit, so they must be synced first.
             self.after_tick()
         except StorageError as e:
             node._fail(e)
-        except Exception:
-            log.exception("raft flush failed")
-            if threading.get_ident() == self.ident:  # never on the event loop
-                time.sleep(TICK)
+        except Exception as e:
+            node._crash("the flush after a raft tick", e)
         return wait
 
     def drain(self) -> None:
@@ -353,8 +350,8 @@ class Ticks:
             self._raft.poll(0)  # acks first: this tick commits what they confirm
         except StorageError as e:  # (a vote for a newer term not stored: stop, as in a tick)
             node._fail(e)
-        except Exception:
-            log.exception("raft poll failed")
+        except Exception as e:  # as in a tick
+            node._crash("the raft poll", e)
         nxt = TICK if node._fatal is not None else self.tick(block=False)
         wait.rearm()  # what is still unread wakes the loop again at once
         self._home_ticked_at = time.monotonic()
