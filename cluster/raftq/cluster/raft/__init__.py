@@ -60,12 +60,12 @@ and answered in one wake-up, and a proposal is appended, sent and synced where i
 tick thread only watches and ticks if the loop has not for ``LOOP_WATCHDOG``. Anything else
 reaches pysyncobj through the components' thread-safe queues.
 
-Modules, one job each: ``_node`` (RaftNode: files, wiring, public API), ``_seam`` (pysyncobj),
+Modules, one job each: ``_node`` (RaftNode: start, wiring, public API), ``_seam`` (pysyncobj),
 ``_ticks`` (who ticks when), ``_proposals`` (proposals and outcomes), ``_replication`` (sends
 and acks), ``_inbound`` (received messages and connections), ``_elections`` (timeouts and
 pre-vote), ``_peers`` (what peers take part in), ``_reads`` (read barriers), ``_snapshots``,
-``_wire`` (bytes on the wire), ``_tuning`` (constants and their measurements), ``_types``
-(public types).
+``_files`` (data dir lock, commit mark), ``_wire`` (bytes on the wire), ``_tuning`` (constants
+and their measurements), ``_types`` (public types).
 """
 
 from __future__ import annotations

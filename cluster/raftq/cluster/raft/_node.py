@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import threading
@@ -16,6 +15,7 @@ from typing import Any, TypeVar
 
 from raftq.cluster.entry import encode_entry
 from raftq.cluster.raft._elections import Elections, PreVote
+from raftq.cluster.raft._files import CommitMarks, align_journal, lock_data_dir
 from raftq.cluster.raft._inbound import Inbound
 from raftq.cluster.raft._peers import Peers
 from raftq.cluster.raft._proposals import Proposals
@@ -25,7 +25,6 @@ from raftq.cluster.raft._seam import FAIL_REASON, LEADER, ROLES, Hooks, Node, Ra
 from raftq.cluster.raft._snapshots import _jitter, _Snapshots
 from raftq.cluster.raft._ticks import Ticks
 from raftq.cluster.raft._tuning import (
-    COMMIT_MARK_EVERY,
     COMPACTION_ENTRIES,
     LOOP_TICKS,
     MAX_ENTRY_BYTES,
@@ -47,7 +46,6 @@ from raftq.cluster.state import Broker
 from raftq.cluster.storage import (
     CommitMark,
     Disk,
-    Entry,
     Journal,
     MetaStore,
     OsDisk,
@@ -113,8 +111,7 @@ class RaftNode:
         self._fatal: BaseException | None = None
         self._stopping = False
         self._journal: Journal | None = None
-        self._commit_mark: CommitMark | None = None
-        self._commit_marked_at = 0.0
+        self._marks = CommitMarks(config.node_id)  # (opened by start)
         self._dir_lock: int | None = None  # fd holding data_dir/LOCK
         self._info: dict[str, tuple[str, str]] = {
             config.raft_addr: (config.node_id, config.api_addr)
@@ -158,7 +155,7 @@ class RaftNode:
             os.makedirs(cfg.data_dir, exist_ok=True)
             # Before anything touches the files: a second process on the same directory
             # truncated and zero-filled the running node's journal while it appended.
-            self._dir_lock = _lock_data_dir(cfg.data_dir)
+            self._dir_lock = lock_data_dir(cfg.data_dir)
             journal_path = os.path.join(cfg.data_dir, "journal.log")
             meta_path = os.path.join(cfg.data_dir, "meta.bin")
             try:
@@ -167,7 +164,7 @@ class RaftNode:
             except BaseException:
                 self._unlock_dir()
                 raise
-            self._commit_mark = CommitMark(self._disk, os.path.join(cfg.data_dir, "commit.bin"))
+            self._marks.mark = CommitMark(self._disk, os.path.join(cfg.data_dir, "commit.bin"))
         else:
             journal = Journal(None, None, None)
         raft, snaps = self._raft, self._snaps
@@ -210,7 +207,7 @@ class RaftNode:
             except StorageError as e:
                 self._fail(e)
             else:
-                _align_journal(journal, loaded[1], loaded[0])
+                align_journal(journal, loaded[1], loaded[0])
                 raft.load_snapshot()
         elif journal[0][1] > 1:
             self._fail(
@@ -221,7 +218,7 @@ class RaftNode:
             )
         if self._fatal is None:
             try:
-                self._apply_marked()
+                self._marks.apply(raft, journal)
             except StorageError as e:
                 self._fail(e)
         if self._fatal is not None:
@@ -280,58 +277,13 @@ class RaftNode:
         if fd is not None:
             os.close(fd)
 
-    # ------------------------------------------------------------------ the journal on disk
+    # ------------------------------------------------------------------ for the components
 
     def _sync(self, journal: Journal) -> None:
         t0 = time.perf_counter()
         journal.sync()
         self.stats["syncs"] += 1
         self.stats["sync_us"] += int((time.perf_counter() - t0) * 1e6)
-
-    def _apply_marked(self) -> None:
-        """At start, before the election clock runs: apply the journal up to the commit mark
-        (see ``CommitMark``), if the journal still holds that entry with the same term."""
-        mark, journal, raft = self._commit_mark, self._journal, self._raft
-        done = max(raft.commit_index, raft.last_applied)
-        if mark is None or journal is None or mark.index <= done:
-            return  # (a mark older than the snapshot: nothing to replay)
-        if journal.term_at(mark.index) != mark.term:
-            log.warning(
-                "raft %s: commit mark %d (term %d) not in the journal: ignored",
-                self.config.node_id,
-                mark.index,
-                mark.term,
-            )
-            return
-        t0 = time.monotonic()
-        first = raft.last_applied
-        raft.commit_index = mark.index
-        raft.apply_committed()
-        log.info(
-            "raft %s: applied entries %d-%d (committed before the restart) in %.2f s",
-            self.config.node_id,
-            first + 1,
-            mark.index,
-            time.monotonic() - t0,
-        )
-
-    def _mark_commit(self, now: bool) -> None:
-        """Tick thread, after the journal sync: keep the commit mark within a second."""
-        mark, journal = self._commit_mark, self._journal
-        if mark is None or journal is None:
-            return
-        idx = self._raft.commit_index
-        t = time.monotonic()
-        if idx <= mark.index or (not now and t - self._commit_marked_at < COMMIT_MARK_EVERY):
-            return
-        term = journal.term_at(idx)
-        if term is None:
-            return
-        self._commit_marked_at = t
-        try:
-            mark.store(idx, term)
-        except OSError as e:  # a hint only: the next write may succeed
-            log.warning("raft %s: commit mark not written: %s", self.config.node_id, e)
 
     def _restore(self, snap: bytes, nodes: list[Any], last_index: int, install: bool) -> None:
         """A snapshot was loaded (``_Snapshots.deserialize``): the broker's state replaced."""
@@ -344,14 +296,6 @@ class RaftNode:
         self._elections.restart_timer()
         if install:
             self._proposals.covered_by_snapshot(last_index)
-
-    # ------------------------------------------------------------------ public API
-
-    def _check_running(self) -> None:
-        if self._fatal is not None:
-            raise RaftError(f"raft node stopped: {self._fatal}")
-        if not self._raft.started or self._stopping:
-            raise NotLeader("raft node not running")
 
     def _not_leader(self, why: str = "not the leader") -> NotLeader:
         lid, lapi = self._leader()
@@ -366,6 +310,14 @@ class RaftNode:
         if info is not None:
             return info
         return getattr(leader, "raftq_id", None), getattr(leader, "raftq_api", None)
+
+    # ------------------------------------------------------------------ public API
+
+    def _check_running(self) -> None:
+        if self._fatal is not None:
+            raise RaftError(f"raft node stopped: {self._fatal}")
+        if not self._raft.started or self._stopping:
+            raise NotLeader("raft node not running")
 
     def is_leader(self) -> bool:
         raft = self._raft
@@ -564,28 +516,3 @@ class RaftNode:
         """Start a snapshot now (tests, benchmarks)."""
         self._ticks.calls.append(self._raft.force_compaction)
         self._ticks.wake()
-
-
-def _align_journal(journal: Journal, prev: Entry, last: Entry) -> None:
-    """pysyncobj keeps the journal at startup only if it begins exactly with the snapshot's last
-    two entries, and otherwise throws ALL of it away, entries after the snapshot included. A
-    crash between writing a snapshot and compacting the journal leaves a longer head, and the
-    node lost acknowledged entries (found by the power-loss test). Cut the head to the snapshot
-    instead; keep everything after it."""
-    pos = prev[1] - journal[0][1]
-    if pos > 0 and pos + 1 < len(journal) and journal[pos] == prev and journal[pos + 1] == last:
-        journal.deleteEntriesTo(pos)
-
-
-def _lock_data_dir(path: str) -> int:
-    """Hold ``path/LOCK`` (flock) for as long as the node runs, or refuse to start."""
-    fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise RaftError(
-            f"data directory {path} is in use by another raftq node (its LOCK file is held);"
-            " not starting"
-        ) from None
-    return fd

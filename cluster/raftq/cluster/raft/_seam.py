@@ -313,6 +313,8 @@ def check_built(path: str, obj: Any) -> None:
 
 check_pysyncobj()
 
+# ---------------------------------------------------------------------------- pysyncobj, checked
+
 import pysyncobj.syncobj as _syncobj  # noqa: E402 - after the check, which names what is missing
 from pysyncobj import SyncObj, SyncObjConf, replicated  # noqa: E402
 from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE  # noqa: E402
@@ -355,7 +357,7 @@ def make_node(addr: str, node_id: str, api: str) -> Node:
     return TCPNode(addr, raftq_id=node_id, raftq_api=api)
 
 
-# ---------------------------------------------------------------------------- subclasses
+# ---------------------------------------------------------------------------- subclasses, patches
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +436,26 @@ def _close_socket_on_failed_bind(server: Any) -> None:
             raise
 
     server.bind = bind_or_close
+
+
+def _read_once(conn: Any, view: memoryview) -> None:
+    """One recv into ``view``, appended to the connection's read buffer (pysyncobj's
+    ``__tryReadBuffer`` loops until the socket is drained, allocating its buffer size each
+    time)."""
+    sock = conn._TcpConnection__socket
+    try:
+        n = sock.recv_into(view)
+    except (BlockingIOError, InterruptedError):
+        n = -1
+    except OSError:
+        conn.disconnect()
+        return
+    if n == 0:  # closed by the peer
+        conn.disconnect()
+        return
+    if n > 0:
+        conn._TcpConnection__readBuffer += view[:n]
+    conn._TcpConnection__lastReadTime = monotonic()
 
 
 class _Members(set):  # type: ignore[type-arg]
@@ -834,23 +856,3 @@ class Raft:
 
 def _unstarted(*args: Any) -> Any:
     raise RuntimeError("raft not started")
-
-
-def _read_once(conn: Any, view: memoryview) -> None:
-    """One recv into ``view``, appended to the connection's read buffer (pysyncobj's
-    ``__tryReadBuffer`` loops until the socket is drained, allocating its buffer size each
-    time)."""
-    sock = conn._TcpConnection__socket
-    try:
-        n = sock.recv_into(view)
-    except (BlockingIOError, InterruptedError):
-        n = -1
-    except OSError:
-        conn.disconnect()
-        return
-    if n == 0:  # closed by the peer
-        conn.disconnect()
-        return
-    if n > 0:
-        conn._TcpConnection__readBuffer += view[:n]
-    conn._TcpConnection__lastReadTime = monotonic()

@@ -198,7 +198,7 @@ class Ticks:
         finally:
             if journal.dirty:
                 node._sync(journal)
-        node._mark_commit(self.closed)
+        node._marks.keep(self._raft, journal, self.closed)
         self._raft.bound_reads()
         if journal._broken is not None:  # (pysyncobj swallows a failed snapshot install)
             node._fail(journal._broken)
