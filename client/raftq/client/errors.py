@@ -10,10 +10,12 @@ class below and sets each entry of ``details`` as an attribute (``TopicFull.max_
     │   └── MessageTooLarge             message_too_large (413)
     ├── NotFound                        (404)
     │   ├── TopicNotFound               topic_not_found
-    │   └── GroupNotFound               group_not_found
+    │   ├── GroupNotFound               group_not_found
+    │   └── TokenNotFound               token_not_found
     ├── Conflict                        (409)
     │   ├── TopicExists                 topic_exists
-    │   └── GroupExists                 group_exists
+    │   ├── GroupExists                 group_exists
+    │   └── TokenExists                 token_exists
     ├── TopicFull                       topic_full (429)
     ├── ReceiptError
     │   ├── ReceiptInvalid              receipt_invalid
@@ -79,6 +81,10 @@ class GroupNotFound(NotFound):
     code = "group_not_found"
 
 
+class TokenNotFound(NotFound):
+    code = "token_not_found"
+
+
 class Conflict(RaftqError):
     code = "conflict"
 
@@ -89,6 +95,10 @@ class TopicExists(Conflict):
 
 class GroupExists(Conflict):
     code = "group_exists"
+
+
+class TokenExists(Conflict):
+    code = "token_exists"
 
 
 class TopicFull(RaftqError):
