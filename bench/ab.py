@@ -1,6 +1,7 @@
 """Paired A/B of ``raftq bench`` between two checkouts, in one run.
 
     python bench/ab.py --a /tmp/base --b . --rounds 6 --cases a,b,d
+    python bench/ab.py --a . --b . --env-a RAFTQ_AUTH=off --cases a,b   # one setting's cost
 
 Each checkout needs its own venv with raftq installed from it (``make venv`` there; ``--a`` and
 ``--b`` name the checkouts, their ``.venv/bin/raftq`` runs). Rounds alternate A B B A ... (each
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -21,11 +23,14 @@ from pathlib import Path
 from typing import Any
 
 
-def run_one(checkout: Path, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+def run_one(
+    checkout: Path, args: argparse.Namespace, out: Path, env: dict[str, str]
+) -> list[dict[str, Any]]:
     raftq = checkout / ".venv" / "bin" / "raftq"
     cmd = [str(raftq), "bench", "--runs", "1", "--cases", args.cases, "--sizes", args.sizes,
            "--secs", str(args.secs), "--n", str(args.n), "--out", str(out)]  # fmt: skip
-    subprocess.run(cmd, check=True, cwd=checkout, stdout=subprocess.DEVNULL, timeout=1800)
+    subprocess.run(cmd, check=True, cwd=checkout, stdout=subprocess.DEVNULL, timeout=1800,
+                   env={**os.environ, **env})  # fmt: skip
     rows: list[dict[str, Any]] = json.loads(out.read_text())["runs"]
     return rows
 
@@ -39,15 +44,20 @@ def main() -> int:
     p.add_argument("--sizes", default="100,1024")
     p.add_argument("--secs", type=float, default=5.0)
     p.add_argument("--n", type=int, default=20_000)
+    p.add_argument("--env-a", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment of side A's bench (and so of its nodes)")
+    p.add_argument("--env-b", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", type=Path, default=Path("ab-results.json"))
     args = p.parse_args()
+    envs = {side: dict(kv.split("=", 1) for kv in getattr(args, f"env_{side.lower()}"))
+            for side in ("A", "B")}  # fmt: skip
     rows: list[dict[str, Any]] = []
     order = [("A", "B"), ("B", "A")]
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(args.rounds):
             for side in order[k % 2]:
                 checkout = args.a if side == "A" else args.b
-                got = run_one(checkout.resolve(), args, Path(tmp) / f"{side}{k}.json")
+                got = run_one(checkout.resolve(), args, Path(tmp) / f"{side}{k}.json", envs[side])
                 rows += [{**r, "side": side, "round": k} for r in got]
                 print(f"round {k} {side} done", file=sys.stderr, flush=True)
     args.out.write_text(json.dumps(rows, indent=1, default=str))
