@@ -44,8 +44,13 @@ def main() -> int:
     p.add_argument("--sizes", default="100,1024")
     p.add_argument("--secs", type=float, default=5.0)
     p.add_argument("--n", type=int, default=20_000)
-    p.add_argument("--env-a", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment of side A's bench (and so of its nodes)")
+    p.add_argument(
+        "--env-a",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment of side A's bench (and so of its nodes)",
+    )
     p.add_argument("--env-b", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", type=Path, default=Path("ab-results.json"))
     args = p.parse_args()
