@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -341,6 +342,7 @@ class AsyncClient:
         publish_stream: bool = True,
         transport: AsyncTransport | None = None,
         http_headers: core.HeadersHook | None = None,
+        token: str | None = None,
     ) -> None:
         """``transport``: what sends the HTTP requests (``raftq.client.transport.AsyncTransport``;
         by default ``_http.HttpPool``). The client closes it at ``close``. WebSockets (the
@@ -353,7 +355,10 @@ class AsyncClient:
         Accept-Encoding, Connection, Content-Encoding, Content-Length, Content-Type, Host, TE,
         Transfer-Encoding, Upgrade and Sec-WebSocket-* (in any case), a name given twice, or
         a name or value not valid in HTTP raises ``ValueError``: at construction for a
-        mapping, from the client call for a callable's answer."""
+        mapping, from the client call for a callable's answer.
+
+        ``token``: the API token (``rq_<id>.<secret>``) sent as ``Authorization: Bearer``;
+        by default ``RAFTQ_TOKEN`` from the environment, if set."""
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
@@ -362,7 +367,9 @@ class AsyncClient:
         self.producer = core.Producer(producer_id)
         self.fmt = fmt
         self._requests: AsyncTransport | None = transport
-        self._extra_headers = core.header_source(http_headers)
+        if token is None:
+            token = os.environ.get(core.TOKEN_ENV) or None
+        self._extra_headers = core.header_source(core.with_token(token, http_headers))
         self._session: aiohttp.ClientSession | None = None
         # Consumers whose loop has not finished: close() releases them before it goes.
         self._consumers: set[str] = set()
@@ -511,6 +518,34 @@ class AsyncClient:
 
     async def remove_member(self, node_id: str) -> Any:
         return await self.request(rq.remove_member(node_id))
+
+    # ------------------------------------------------------------------ tokens (cluster flag)
+
+    async def create_token(
+        self,
+        name: str,
+        grants: Sequence[Mapping[str, Any]] = (),
+        *,
+        cluster: bool = False,
+        expires_in: float | None = None,
+    ) -> Any:
+        """A new API token: the answer's ``token`` is its secret, shown only this once.
+        ``grants``: ``[{"topics": "orders.*", "actions": ["publish", "consume"]}]``."""
+        return await self.request(rq.create_token(name, grants, cluster, expires_in))
+
+    async def list_tokens(self) -> list[Any]:
+        return list((await self.request(rq.list_tokens()))["tokens"])
+
+    async def token(self, token_id: str) -> Any:
+        return await self.request(rq.token(token_id))
+
+    async def update_token(self, token_id: str, **changes: Any) -> Any:
+        """Change ``disabled``, ``name``, ``grants``, ``cluster`` or ``expires_in``."""
+        return await self.request(rq.update_token(token_id, changes))
+
+    async def revoke_token(self, token_id: str) -> Any:
+        """Revoke a token: every node refuses it once the revoke is applied there."""
+        return await self.request(rq.revoke_token(token_id))
 
     # ------------------------------------------------------------------ topics and groups
 

@@ -133,6 +133,30 @@ def header_source(hook: HeadersHook | None) -> Callable[[], dict[str, str]] | No
     return lambda: fixed
 
 
+TOKEN_ENV = "RAFTQ_TOKEN"
+
+
+def with_token(token: str | None, hook: HeadersHook | None) -> HeadersHook | None:
+    """``hook`` plus ``Authorization: Bearer <token>`` (``token`` None: none; the clients pass
+    ``RAFTQ_TOKEN`` then). A hook that also names Authorization is refused."""
+    if not token:
+        return hook
+    bearer = {"Authorization": f"Bearer {token}"}
+    check_headers(bearer)  # (a token with a newline in it would smuggle a header)
+    if hook is None:
+        return bearer
+
+    def both(given: Mapping[str, str]) -> dict[str, str]:
+        if any(k.lower() == "authorization" for k in given):
+            raise ValueError("http_headers: Authorization is set by token=; give one of them")
+        return {**given, **bearer}
+
+    if callable(hook):
+        fn = hook
+        return lambda: both(fn())
+    return both(hook)
+
+
 def with_headers(
     headers: dict[str, str], extra: Callable[[], dict[str, str]] | None
 ) -> dict[str, str]:

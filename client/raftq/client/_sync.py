@@ -12,6 +12,7 @@ A ``Client`` is not thread-safe; give each thread its own.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -63,6 +64,7 @@ class Client:
         fmt: str = core.MSGPACK,
         transport: Transport | None = None,
         http_headers: core.HeadersHook | None = None,
+        token: str | None = None,
     ) -> None:
         """``transport``: what sends the HTTP requests (``raftq.client.transport.Transport``;
         by default kept-alive ``http.client`` connections). The client closes it at ``close``.
@@ -73,7 +75,10 @@ class Client:
         Accept, Accept-Encoding, Connection, Content-Encoding, Content-Length, Content-Type,
         Host, TE, Transfer-Encoding, Upgrade and Sec-WebSocket-* (in any case), a name given
         twice, or a name or value not valid in HTTP raises ``ValueError``: at construction for
-        a mapping, from the client call for a callable's answer."""
+        a mapping, from the client call for a callable's answer.
+
+        ``token``: the API token (``rq_<id>.<secret>``) sent as ``Authorization: Bearer``;
+        by default ``RAFTQ_TOKEN`` from the environment, if set."""
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
@@ -84,7 +89,9 @@ class Client:
         if transport is None:
             transport = SyncHttpPool(connect_timeout=CONNECT_TIMEOUT)
         self._transport: Transport = transport
-        self._extra_headers = core.header_source(http_headers)
+        if token is None:
+            token = os.environ.get(core.TOKEN_ENV) or None
+        self._extra_headers = core.header_source(core.with_token(token, http_headers))
 
     def __enter__(self) -> Client:
         return self
@@ -186,6 +193,34 @@ class Client:
 
     def remove_member(self, node_id: str) -> Any:
         return self.request(rq.remove_member(node_id))
+
+    # ------------------------------------------------------------------ tokens (cluster flag)
+
+    def create_token(
+        self,
+        name: str,
+        grants: Sequence[Mapping[str, Any]] = (),
+        *,
+        cluster: bool = False,
+        expires_in: float | None = None,
+    ) -> Any:
+        """A new API token: the answer's ``token`` is its secret, shown only this once.
+        ``grants``: ``[{"topics": "orders.*", "actions": ["publish", "consume"]}]``."""
+        return self.request(rq.create_token(name, grants, cluster, expires_in))
+
+    def list_tokens(self) -> list[Any]:
+        return list((self.request(rq.list_tokens()))["tokens"])
+
+    def token(self, token_id: str) -> Any:
+        return self.request(rq.token(token_id))
+
+    def update_token(self, token_id: str, **changes: Any) -> Any:
+        """Change ``disabled``, ``name``, ``grants``, ``cluster`` or ``expires_in``."""
+        return self.request(rq.update_token(token_id, changes))
+
+    def revoke_token(self, token_id: str) -> Any:
+        """Revoke a token: every node refuses it once the revoke is applied there."""
+        return self.request(rq.revoke_token(token_id))
 
     # ------------------------------------------------------------------ topics and groups
 

@@ -71,6 +71,30 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="allow running without a secret (tests only) [RAFTQ_INSECURE]",
     )
     p.add_argument(
+        "--auth",
+        choices=["on", "off"],
+        default=_env("AUTH", "on"),
+        help="access control: every API call needs a token (off: anyone may do anything;"
+        " development only) [RAFTQ_AUTH] (default on)",
+    )
+    p.add_argument(
+        "--admin-token",
+        default=_env("ADMIN_TOKEN"),
+        help="bootstrap admin token (16+ characters; all rights); prefer the variable or"
+        " --admin-token-file [RAFTQ_ADMIN_TOKEN]",
+    )
+    p.add_argument(
+        "--admin-token-file",
+        default=_env("ADMIN_TOKEN_FILE"),
+        help="read the bootstrap admin token from this file [RAFTQ_ADMIN_TOKEN_FILE]",
+    )
+    p.add_argument(
+        "--auth-observe",
+        action="store_true",
+        default=_truthy(_env("AUTH_OBSERVE")),
+        help="/metrics and /openapi.json need a token too (default: open) [RAFTQ_AUTH_OBSERVE]",
+    )
+    p.add_argument(
         "--fsync",
         choices=["always", "never"],
         default=_env("FSYNC", "always"),
@@ -128,6 +152,19 @@ def _run_node(args: argparse.Namespace) -> int:
     # (argparse checks choices for flags, not for defaults taken from the environment)
     if args.fsync not in ("always", "never"):
         parser.error(f"--fsync (or RAFTQ_FSYNC) must be always or never, not {args.fsync!r}")
+    if args.auth not in ("on", "off"):
+        parser.error(f"--auth (or RAFTQ_AUTH) must be on or off, not {args.auth!r}")
+    admin_token = args.admin_token
+    if args.admin_token_file:
+        if admin_token:
+            parser.error("--admin-token and --admin-token-file exclude each other")
+        try:
+            with open(args.admin_token_file) as f:
+                admin_token = f.read().strip()
+        except OSError as e:
+            parser.error(f"--admin-token-file: {e.strerror or e}: {args.admin_token_file}")
+    if admin_token is not None and len(admin_token) < 16:
+        parser.error("the admin token must be at least 16 characters (use raftq token new)")
     if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         parser.error(f"--log-level (or RAFTQ_LOG_LEVEL): unknown level {args.log_level!r}")
     for flag, value, lo in (
@@ -158,6 +195,9 @@ def _run_node(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         secret=args.secret,
         insecure=args.insecure,
+        auth=args.auth == "on",
+        admin_token=admin_token or None,
+        auth_observe=args.auth_observe,
         fsync=args.fsync,
         max_body=args.max_body,
         shutdown_timeout=args.shutdown_timeout,

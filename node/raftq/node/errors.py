@@ -29,6 +29,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "receipt_invalid": 400,  # not a receipt this cluster issued (or tampered with)
     "receipt_stale": 409,  # a real receipt whose delivery is over (acked, expired, redelivered)
     # node errors
+    "unauthenticated": 401,  # no token, or one that is invalid, disabled or expired
+    "forbidden": 403,  # a valid token without the right (names the action and topic)
     "malformed_body": 400,
     "unknown_field": 400,
     "unsupported_media_type": 415,
@@ -63,6 +65,7 @@ class ApiError(Exception):
         *,
         retry_after: float | None = None,
         close: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -70,6 +73,7 @@ class ApiError(Exception):
         self.details = details or {}
         self.retry_after = retry_after
         self.close = close  # close the connection after answering (unread request bytes)
+        self.headers = headers or {}  # response headers of its own (WWW-Authenticate)
 
     @property
     def status(self) -> int:

@@ -111,9 +111,12 @@ class Forwarder:
         if self.session is None:
             return
         try:
+            headers = {FORWARDED: self.settings.node_id}
+            if self.settings.internal_token:  # the node's own credential (raftq.node.auth)
+                headers["Authorization"] = f"Bearer {self.settings.internal_token}"
             async with self.session.post(
                 f"http://{leader_api}/consumers/{urllib.parse.quote(consumer, safe='')}/release",
-                headers={FORWARDED: self.settings.node_id},
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.settings.propose_timeout + 1),
             ) as r:
                 await r.read()

@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from raftq.node.app import NodeSettings, build_app
+from raftq.node.auth import internal_token
 from raftq.node.commands import host_port
 from raftq.node.raftapi import Raft
 
@@ -45,6 +46,9 @@ class NodeOptions:
     data_dir: str | None = None
     secret: str | None = None
     insecure: bool = False
+    auth: bool = True
+    admin_token: str | None = field(default=None, repr=False)
+    auth_observe: bool = False
     fsync: str = "always"
     max_body: int = 8 << 20
     shutdown_timeout: float = 15.0
@@ -105,12 +109,30 @@ async def serve(
     except Exception as e:
         log.error("node %s: Raft did not start: %s", opts.node_id, e)
         return 1
+    key = opts.secret or opts.admin_token  # the internal credential's (the same on every node)
     settings = NodeSettings(
         node_id=opts.node_id,
         max_body=opts.max_body,
         max_inflight=opts.max_inflight,
         batch_linger=opts.batch_linger,
+        auth=opts.auth,
+        admin_token=opts.admin_token,
+        internal_token=internal_token(key) if key else None,
+        auth_observe=opts.auth_observe,
     )
+    if not opts.auth:
+        log.warning(
+            "node %s: ACCESS CONTROL IS OFF (--auth off): anyone who reaches %s may read,"
+            " publish, delete and reconfigure everything",
+            opts.node_id,
+            opts.listen,
+        )
+    elif not opts.admin_token:
+        log.warning(
+            "node %s: access control is on and no admin token is set (RAFTQ_ADMIN_TOKEN):"
+            " only tokens already in the cluster's state are accepted",
+            opts.node_id,
+        )
     app = build_app(raft, settings)
     runner = web.AppRunner(
         app,

@@ -61,8 +61,10 @@ import msgpack
 from aiohttp import WSMessage, WSMsgType, web
 
 from raftq.node import codec, commands
+from raftq.node.auth import BODY, CONSUME, PATH, PUBLISH, SUBPROTOCOL, Permission
 from raftq.node.errors import ApiError
-from raftq.node.routes import Query, Route, path_name, query
+from raftq.node.messages import may_settle
+from raftq.node.routes import Query, Route, path_name, principal, query
 from raftq.node.service import BrokerService, LeaderLost
 
 log = logging.getLogger(__name__)
@@ -108,7 +110,10 @@ class _Socket:
 
     @classmethod
     async def open(cls, svc: BrokerService, request: web.Request, fmt: str) -> _Socket:
-        ws = web.WebSocketResponse(heartbeat=10.0, max_msg_size=svc.settings.max_body)
+        # (protocols: a browser that sent its token as a subprotocol expects one chosen)
+        ws = web.WebSocketResponse(
+            heartbeat=10.0, max_msg_size=svc.settings.max_body, protocols=(SUBPROTOCOL,)
+        )
         await ws.prepare(request)
         return cls(ws, fmt)
 
@@ -176,6 +181,7 @@ async def consume(svc: BrokerService, request: web.Request) -> web.StreamRespons
     svc.read(lambda b: b.group_stats(topic, group))
     sock = await _Socket.open(svc, request, fmt)
     ws = sock.ws
+    who = principal(request)
     consumer = f"ws-{secrets.token_hex(8)}"
     outstanding: dict[str, int] = {}  # receipt -> deadline (ms)
     credit = asyncio.Event()
@@ -202,6 +208,7 @@ async def consume(svc: BrokerService, request: web.Request) -> web.StreamRespons
                 )
             # The same rules as the HTTP routes (POST /ack ...).
             cmd = commands.settle(op, {k: v for k, v in frame.items() if k not in ("id", "op")})
+            may_settle(who, cmd)
             checked = True
             result = await svc.call(cmd)
             receipts: list[str] = cmd["receipts"]
@@ -298,6 +305,7 @@ async def publish(svc: BrokerService, request: web.Request) -> web.StreamRespons
     apply, exactly as ``POST /topics/{topic}/publish`` (see the module docstring)."""
     sock = await _Socket.open(svc, request, _leader_stream(svc, request))
     ws = sock.ws
+    who = principal(request)  # authenticated at the handshake; each frame's topic checked
     lost = asyncio.Event()  # a publish found this node no longer leads
     broken = asyncio.Event()  # an answer could not be sent: the client is gone or reads nothing
     room = asyncio.Semaphore(MAX_PUBLISHES_IN_FLIGHT)
@@ -327,6 +335,7 @@ async def publish(svc: BrokerService, request: web.Request) -> web.StreamRespons
             if not isinstance(messages, list):
                 raise ApiError("invalid_argument", "messages must be a list", {"field": "messages"})
             topic = commands.name(frame.get("topic"), "topic")
+            who.require(PUBLISH, topic)
             # Payloads as the frame came: raw bytes in a binary (msgpack) frame, base64 in text.
             cmd, size = commands.publish(topic, messages, binary)
             res = await svc.call(cmd, size)
@@ -500,9 +509,10 @@ ROUTES = [
                        doc="visibility timeout of each delivery, seconds (else the group's)"),
                  FORMAT,
                  Query("batch", choices=("0", "1"), default="0",
-                       doc="1: the deliveries of one receive in one frame"))),
+                       doc="1: the deliveries of one receive in one frame")),
+          perm=Permission(CONSUME, PATH)),
     Route("GET", "/publish/stream", publish_stream,
           "WebSocket publisher: each frame is one batch publish, answered after commit (see "
           "raftq.node.stream); a follower redirects (307) to the leader",
-          stream=True, ok=(101,), query=(FORMAT,)),
+          stream=True, ok=(101,), query=(FORMAT,), perm=Permission(PUBLISH, BODY)),
 ]  # fmt: skip
