@@ -94,7 +94,7 @@ async def handle(node: RaftNode, req: dict[str, Any], stop: asyncio.Event) -> No
         elif op == "digest":
             res = node.read(lambda b: b.digest())
         elif op == "stats":
-            res = {**node.stats, "log_len": len(node._b._SyncObj__raftLog)}
+            res = {**node.stats, "log_len": len(node._journal) if node._journal is not None else 0}
             if req.get("reset"):
                 node.stats["max_tick_ms"] = 0
         elif op == "transfer":

@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 
 from raftq.cluster.raft import (
-    _LOGGED,
-    ELECTION_MAX,
     EntryTooLarge,
     NotLeader,
     QueueFull,
@@ -25,9 +23,10 @@ from raftq.cluster.raft import (
     RaftError,
     RaftNode,
     UnknownOutcome,
-    _Pending,
-    _Wait,
 )
+from raftq.cluster.raft._proposals import _LOGGED, _Pending
+from raftq.cluster.raft._ticks import _Wait
+from raftq.cluster.raft._tuning import ELECTION_MAX
 from raftq.cluster.storage import DiskFile, OsDisk
 from tests.raft.harness import free_ports
 from tests.raft.simdisk import FileWrapper
@@ -210,7 +209,7 @@ async def test_lagging_follower_catches_up_from_a_snapshot(three: Nodes) -> None
     await three.stop(lagging)
     for i in range(120):  # > 2 x compaction threshold (50): the leader compacts its log
         await leader.propose([pub("t", b"%d" % i)])
-    await until("leader compaction", lambda: len(leader._b._SyncObj__raftLog) < 60)
+    await until("leader compaction", lambda: _log_len(leader) < 60)
     node = three.start(lagging)
     await until("snapshot install", lambda: node.status().applied_index >= 120, 20)
     await until(
@@ -391,9 +390,9 @@ async def _pipelined(three: Nodes, caplog: pytest.LogCaptureFixture, leader_fix:
 
 
 async def test_queue_full_means_not_applied(monkeypatch: pytest.MonkeyPatch) -> None:
-    import raftq.cluster.raft as raft_module
+    import raftq.cluster.raft._proposals as proposals
 
-    monkeypatch.setattr(raft_module, "QUEUE_MAX", 4)
+    monkeypatch.setattr(proposals, "QUEUE_MAX", 4)
     ns = Nodes(None, 1)
     node = ns.start("n1")
     try:
@@ -401,12 +400,12 @@ async def test_queue_full_means_not_applied(monkeypatch: pytest.MonkeyPatch) -> 
         await node.propose([{"op": "create_topic", "topic": "t"}])
         # A busy tick thread (here: its lock held) leaves proposals in the queue; a proposal
         # made while it waits for events would be appended at once instead.
-        node._tick_lock.acquire()
+        node._ticks.lock.acquire()
         try:
             tasks = [asyncio.ensure_future(node.propose([pub("t", b"%d" % i)])) for i in range(200)]
             await until("the queue to fill", lambda: sum(t.done() for t in tasks) >= 196)
         finally:
-            node._tick_lock.release()
+            node._ticks.lock.release()
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         full = [o for o in outcomes if isinstance(o, QueueFull)]
         done = [o for o in outcomes if isinstance(o, list)]
@@ -510,8 +509,8 @@ async def test_a_snapshot_install_stops_our_own_snapshot_writer_first(tmp_path: 
             node._snaps._pid = pid
             done.append(node._snaps.setTransmissionData((blob, True, True)))
 
-        node._calls.append(install)
-        node._wake()
+        node._ticks.calls.append(install)
+        node._ticks.wake()
         await until("the install", lambda: done)
         assert done == [True]
         with pytest.raises(ProcessLookupError):
@@ -521,29 +520,33 @@ async def test_a_snapshot_install_stops_our_own_snapshot_writer_first(tmp_path: 
         await ns.close()
 
 
-def test_a_failed_bind_closes_the_socket_it_opened() -> None:
+def test_a_failed_bind_closes_the_socket_it_opened(monkeypatch: pytest.MonkeyPatch) -> None:
     """pysyncobj retries a failed bind later but left that attempt's socket open (a
     ResourceWarning at some later garbage collection)."""
-    import socket
+    from pysyncobj.tcp_server import TcpServer
 
-    from raftq.cluster.raft import _close_socket_on_failed_bind
+    from raftq.cluster.raft._seam import _close_socket_on_failed_bind
 
-    class Server:
-        _TcpServer__socket: socket.socket | None = None
+    made: list[socket.socket] = []
 
-        made: list[socket.socket] = []
+    class Recording(socket.socket):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            made.append(self)
 
-        def bind(self) -> None:
-            self._TcpServer__socket = socket.socket()
-            self.made.append(self._TcpServer__socket)
-            raise OSError("address in use")
-
-    server = Server()
-    _close_socket_on_failed_bind(server)
-    with pytest.raises(OSError):
-        server.bind()
-    assert server._TcpServer__socket is None
-    assert server.made[0].fileno() == -1  # closed, not left to the garbage collector
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        server = TcpServer(None, "127.0.0.1", busy.getsockname()[1], lambda conn: None)
+        _close_socket_on_failed_bind(server)
+        with monkeypatch.context() as m:
+            m.setattr(socket, "socket", Recording)
+            with pytest.raises(OSError):
+                server.bind()  # the port is taken
+        assert len(made) == 1 and made[0].fileno() == -1  # closed, not left to the collector
+    finally:
+        busy.close()
 
 
 @pytest.mark.parametrize("size", [0, 1, 100, 65534, 65535, 65536, 131071, 300_000])
@@ -552,7 +555,7 @@ def test_wire_messages_are_zlib_streams_of_stored_blocks(size: int) -> None:
     (split into stored blocks of at most 65535 bytes) that yields the bytes unchanged."""
     import zlib
 
-    from raftq.cluster.raft import _stored_zlib
+    from raftq.cluster.raft._wire import _stored_zlib
 
     data = os.urandom(size)
     wire = _stored_zlib(data)
@@ -563,7 +566,7 @@ def test_wire_messages_are_zlib_streams_of_stored_blocks(size: int) -> None:
 def _count_appends(leader: RaftNode) -> dict[str, int]:
     """Append messages carrying entries that the leader sends, per follower id."""
     sent: dict[str, int] = {}
-    send_now = leader._send_now
+    send_now = leader._replication.send_now
 
     def counting(node: Any, message: Any) -> bool:
         if isinstance(message, dict) and message.get("entries"):
@@ -571,8 +574,13 @@ def _count_appends(leader: RaftNode) -> dict[str, int]:
             sent[nid] = sent.get(nid, 0) + 1
         return send_now(node, message)
 
-    leader._send_now = counting  # type: ignore[method-assign]
+    leader._replication.send_now = counting
     return sent
+
+
+def _log_len(node: RaftNode) -> int:
+    assert node._journal is not None  # (the journal pysyncobj was given)
+    return len(node._journal)
 
 
 def _journals_equal(ns: Nodes) -> bool:
@@ -595,9 +603,9 @@ async def test_new_entries_go_at_once_only_to_the_followers_a_majority_needs(
 ) -> None:
     """With quorum sends, sequential proposals wake one follower per entry; the other gets
     them batched with the heartbeat and still ends up with the same log."""
-    import raftq.cluster.raft as raft_module
+    import raftq.cluster.raft._replication as replication
 
-    monkeypatch.setattr(raft_module, "RESCUE_AFTER", 1.0)  # no rescues on a loaded box
+    monkeypatch.setattr(replication, "RESCUE_AFTER", 1.0)  # no rescues on a loaded box
     ns = Nodes(tmp_path, 3)
     try:
         leader = await _with_topic(ns, quorum_sends=quorum_sends)
@@ -609,7 +617,10 @@ async def test_new_entries_go_at_once_only_to_the_followers_a_majority_needs(
         await until("every log to match", lambda: _journals_equal(ns))
         followers = [n for n in ns.nodes.values() if n is not leader]
         counts = sorted(sent.get(n.config.node_id, 0) for n in followers)
-        tagged = [n._quorum_at > t0 for n in followers], [n._lagging_at > t0 for n in followers]
+        tagged = (
+            [n._elections.quorum_at > t0 for n in followers],
+            [n._elections.lagging_at > t0 for n in followers],
+        )
         if quorum_sends:
             assert counts[1] >= 60 and counts[0] <= 30, counts
             assert any(tagged[0]) and any(tagged[1])  # one told it is in the quorum, one not
@@ -631,18 +642,18 @@ async def test_a_stalled_quorum_follower_is_replaced_by_the_first_to_acknowledge
     try:
         leader = await _with_topic(ns)
         await leader.propose([pub("t", b"first")])
-        await until("a quorum follower", lambda: len(leader._quorum) == 1)
-        (chosen,) = leader._quorum
+        await until("a quorum follower", lambda: len(leader._replication.quorum) == 1)
+        (chosen,) = leader._replication.quorum
         stalled = next(n for n in ns.nodes.values() if n.config.raft_addr == chosen.id)
         other = next(n for n in ns.nodes.values() if n is not leader and n is not stalled)
-        stalled._tick_lock.acquire()  # its tick thread stops: no acknowledgements
+        stalled._ticks.lock.acquire()  # its tick thread stops: no acknowledgements
         try:
             for i in range(5):
                 await leader.propose([pub("t", b"%d" % i)], timeout=5)
             assert leader.stats["rescues"] >= 1
-            assert [n.id for n in leader._quorum] == [other.config.raft_addr]
+            assert [n.id for n in leader._replication.quorum] == [other.config.raft_addr]
         finally:
-            stalled._tick_lock.release()
+            stalled._ticks.lock.release()
         await leader.propose([pub("t", b"after")])
         await until("every log to match", lambda: _journals_equal(ns))
     finally:
@@ -655,21 +666,27 @@ def test_fast_election_timeouts_put_the_quorum_follower_first() -> None:
     refused by the other (whose own timeout the election would then wait for)."""
     from types import SimpleNamespace
 
-    from raftq.cluster.raft import FAST_ELECTION_MAX, FAST_ELECTION_MIN, FAST_ELECTION_SPLIT
+    from raftq.cluster.raft._seam import FOLLOWER
+    from raftq.cluster.raft._tuning import (
+        FAST_ELECTION_MAX,
+        FAST_ELECTION_MIN,
+        FAST_ELECTION_SPLIT,
+    )
 
     node = RaftNode(RaftConfig("n1", "127.0.0.1:1", "127.0.0.1:2", {}, None, "s"))
-    node._b = SimpleNamespace(_SyncObj__raftState=0)  # a follower
-    node._leader_lost, node._leader_lost_until = True, time.monotonic() + 60
+    elections = node._elections
+    elections._raft = SimpleNamespace(state=FOLLOWER)  # type: ignore[assignment]
+    elections.leader_lost, elections.leader_lost_until = True, time.monotonic() + 60
 
     def spread() -> tuple[float, float]:
-        draws = [node._election_timeout() for _ in range(300)]
+        draws = [elections.election_timeout() for _ in range(300)]
         return min(draws), max(draws)
 
     lo, hi = spread()  # idle: nothing heard either way
     assert lo < FAST_ELECTION_SPLIT < hi and lo >= FAST_ELECTION_MIN and hi <= FAST_ELECTION_MAX
-    node._lagging_at = time.monotonic()
+    elections.lagging_at = time.monotonic()
     assert spread()[0] >= FAST_ELECTION_SPLIT
-    node._quorum_at = time.monotonic()  # a quorum member (it may have lagged before)
+    elections.quorum_at = time.monotonic()  # a quorum member (it may have lagged before)
     assert spread()[1] <= FAST_ELECTION_SPLIT
 
 
@@ -702,7 +719,7 @@ async def test_a_restarted_node_applies_what_was_committed_before_any_leader_is_
 
 
 def test_a_quorum_send_reaches_only_the_quorum_while_everyone_sees_every_member() -> None:
-    from raftq.cluster.raft import _Members
+    from raftq.cluster.raft._seam import _Members
 
     members = _Members({"a", "b"})
     members.only = {"a"}
@@ -720,22 +737,22 @@ async def test_a_snapshot_message_never_commits_entries_it_did_not_check(tmp_pat
         leader = await _with_topic(ns)
         await until("every log to match", lambda: _journals_equal(ns))
         follower = next(n for n in ns.nodes.values() if n is not leader)
-        fb, journal = follower._b, follower._journal
+        fb, journal = follower._raft, follower._journal
         assert journal is not None
-        with follower._tick_lock:  # its tick thread stays out meanwhile
-            committed = fb._SyncObj__raftCommitIndex
+        with follower._ticks.lock:  # its tick thread stays out meanwhile
+            committed = fb.commit_index
             last = journal[-1][1]
             for idx in range(last + 1, last + 4):
                 journal.add(b"\x01", idx, 0)  # a tail of no-ops from an older term
-            leader_node = fb._SyncObj__raftLeader
+            leader_node = fb.leader
             message = {
                 "type": "append_entries",
-                "term": fb._SyncObj__raftCurrentTerm,
+                "term": fb.term,
                 "commit_index": last + 3,
                 "serialized": None,  # "no snapshot ready yet": no log check at all
             }
-            follower._on_message(leader_node, message)
-            assert fb._SyncObj__raftCommitIndex == committed
+            follower._inbound.on_message(leader_node, message)
+            assert fb.commit_index == committed
         await leader.propose([pub("t", b"after")])  # the leader's append replaces the tail
         await until("every log to match", lambda: _journals_equal(ns))
     finally:
@@ -749,7 +766,7 @@ async def test_a_leader_ticks_on_its_loop_and_hands_back_when_it_steps_down(
     three: Nodes,
 ) -> None:
     leader = await three.leader()
-    await until("the loop to tick", lambda: leader._on_home and leader.stats["loop_ticks"])
+    await until("the loop to tick", lambda: leader._ticks.on_home and leader.stats["loop_ticks"])
     me = threading.get_ident()
     applied_on: list[int] = []
 
@@ -762,7 +779,7 @@ async def test_a_leader_ticks_on_its_loop_and_hands_back_when_it_steps_down(
     assert applied_on and set(applied_on) == {me}  # committed and applied on this loop
     assert await leader.transfer_leadership(5.0)
     new = await three.leader()
-    assert not leader._on_home  # a follower again: its tick thread ticks
+    assert not leader._ticks.on_home  # a follower again: its tick thread ticks
     await new.propose([pub("t", b"after")])
     await until(
         "the old leader to apply",
@@ -774,20 +791,20 @@ async def test_a_blocked_loop_does_not_cost_the_leader_its_leadership(three: Nod
     """While the loop runs something long, the tick thread sends the heartbeats: without it
     the followers would elect a new leader after ELECTION_MAX."""
     leader = await three.leader()
-    await until("the loop to tick", lambda: leader._on_home and leader.stats["loop_ticks"])
+    await until("the loop to tick", lambda: leader._ticks.on_home and leader.stats["loop_ticks"])
     term = leader.status().term
     time.sleep(ELECTION_MAX + 0.5)  # noqa: ASYNC251 - blocking the loop is the point
     assert leader.stats["watchdog_ticks"] > 0
     assert leader.is_leader() and leader.status().term == term
     assert all(n.status().term == term for n in three.nodes.values())
     await leader.propose([{"op": "create_topic", "topic": "t"}])
-    assert leader._on_home
+    assert leader._ticks.on_home
 
 
 def test_a_socket_closed_before_it_is_unregistered_wakes_the_loop_at_most_once() -> None:
     """pysyncobj closes a socket, then unsubscribes it. While a forked snapshot writer holds a
     copy, an epoll set keeps the registration: one-shot registrations report it once."""
-    w = _Wait(SimpleNamespace(_ticking=False, _tick_ident=0))  # type: ignore[arg-type]
+    w = _Wait(SimpleNamespace(ticking=False, ident=0))  # type: ignore[arg-type]
     a, b = socket.socketpair()
     try:
         w.register(a.fileno(), select.POLLIN | select.POLLERR)
@@ -816,25 +833,25 @@ async def test_a_follower_far_behind_is_caught_up_by_the_tick_thread(
 ) -> None:
     """Catch-up sends (8 MB batches, snapshot chunks) would stall the API's loop: the leader
     hands its ticks back to the tick thread until the follower is close again."""
-    import raftq.cluster.raft as raft_module
+    import raftq.cluster.raft._ticks as ticks
 
-    monkeypatch.setattr(raft_module, "CATCH_UP_ENTRIES", 5)
+    monkeypatch.setattr(ticks, "CATCH_UP_ENTRIES", 5)
     ns = Nodes(tmp_path, 3)
     try:
         leader = await _with_topic(ns)
-        await until("the loop to tick", lambda: leader._on_home)
+        await until("the loop to tick", lambda: leader._ticks.on_home)
         lagging = next(nid for nid, n in ns.nodes.items() if n is not leader)
         await ns.stop(lagging)
         for i in range(30):
             await leader.propose([pub("t", b"%d" % i)])
-        assert leader._on_home  # the stopped follower is not connected: not waited for
+        assert leader._ticks.on_home  # the stopped follower is not connected: not waited for
         back = ns.start(lagging)
         await until(
             "the follower to catch up",
             lambda: back.status().applied_index >= leader.status().commit_index,
         )
         assert leader.stats["catch_up_handbacks"] >= 1
-        await until("the loop to tick again", lambda: leader._on_home)
+        await until("the loop to tick again", lambda: leader._ticks.on_home)
     finally:
         await ns.close()
 
@@ -847,8 +864,8 @@ def _cut_off(ns: Nodes, nid: str, deaf_to: str | None = None) -> Callable[[], No
     deaf = None if deaf_to is None else ns.addrs[deaf_to][0]
     undo = []
     for k, node in ns.nodes.items():
-        transport = node._b._SyncObj__transport
-        orig = transport._onMessageReceivedCallback
+        raft = node._raft
+        orig = raft.on_receive
 
         def keep(peer: Any, message: Any, orig: Any = orig, here: bool = k == nid) -> None:
             if here:
@@ -857,12 +874,12 @@ def _cut_off(ns: Nodes, nid: str, deaf_to: str | None = None) -> Callable[[], No
             elif deaf is not None or peer.id != away:
                 orig(peer, message)
 
-        transport.setOnMessageReceivedCallback(keep)
-        undo.append((transport, orig))
+        raft.on_receive = keep
+        undo.append((raft, orig))
 
     def heal() -> None:
-        for transport, orig in undo:
-            transport.setOnMessageReceivedCallback(orig)
+        for raft, orig in undo:
+            raft.on_receive = orig
 
     return heal
 
@@ -923,7 +940,7 @@ async def test_pre_vote_counts_a_peer_of_an_older_version_as_granting(tmp_path: 
     try:
         ns.start("n1")
         old = RaftNode(ns.config("n2"), pre_vote=False)
-        old._election_timeout = lambda: 100.0  # type: ignore[method-assign]
+        old._elections.election_timeout = lambda: 100.0  # type: ignore[method-assign]
         old.start()
         ns.nodes["n2"] = old
         leader = await ns.leader()
@@ -944,8 +961,8 @@ async def test_a_node_whose_term_is_ahead_of_the_leader_rejoins(tmp_path: Path) 
         await leader.propose([{"op": "create_topic", "topic": "t"}])
         ahead = next(n for n in ns.nodes.values() if n is not leader)
         term = leader.status().term
-        with ahead._tick_lock:
-            ahead._b._SyncObj__setCurrentTerm(term + 5, None)
+        with ahead._ticks.lock:
+            ahead._raft.set_term(term + 5)
 
         def rejoined() -> bool:
             lead = [n for n in ns.nodes.values() if n.is_leader()]
@@ -995,11 +1012,11 @@ async def test_a_deposed_leader_whose_pings_still_arrive_cannot_read(three: Node
     # reaches it), must learn it from their answers to its pings.
     leader = await three.leader()
     await leader.propose([{"op": "create_topic", "topic": "t"}])
-    leader._b._SyncObj__conf.leaderFallbackTimeout = 60.0
+    leader._raft.conf.leaderFallbackTimeout = 60.0
     old = leader.config.raft_addr
     for n in three.nodes.values():
-        transport = n._b._SyncObj__transport
-        orig = transport._onMessageReceivedCallback
+        raft = n._raft
+        orig = raft.on_receive
         if n is leader:
             drop: tuple[str, ...] = ("append_entries", "request_vote")
             dropped = lambda peer: True  # noqa: E731
@@ -1017,7 +1034,7 @@ async def test_a_deposed_leader_whose_pings_still_arrive_cannot_read(three: Node
             if not (isinstance(m, dict) and m.get("type") in drop and dropped(peer)):
                 orig(peer, m)
 
-        transport.setOnMessageReceivedCallback(keep)
+        raft.on_receive = keep
 
     def other() -> RaftNode | None:
         return next((n for n in three.nodes.values() if n.is_leader() and n is not leader), None)
@@ -1042,8 +1059,10 @@ async def test_a_proposal_superseded_in_the_leaders_log_has_an_unknown_outcome()
         idx = journal[-1][1] + 1
         loop = asyncio.get_running_loop()
         old = _Pending(loop.create_future(), loop, state=_LOGGED, index=idx, term=0)
-        with node._qlock:
-            node._pending[idx] = old  # as if an entry of an earlier term of ours were cut here
+        with node._proposals.lock:
+            node._proposals.pending[idx] = (
+                old  # as if an entry of an earlier term of ours were cut here
+            )
         new = await node.propose([pub("t", b"new")])
         assert new[0]["messages"][0]["seq"] == 1
         with pytest.raises(UnknownOutcome):
@@ -1069,12 +1088,12 @@ async def test_a_follower_that_fails_to_install_a_snapshot_acks_nothing(
                                None, insecure=True))  # fmt: skip
     node.start()
     try:
-        b = node._b
+        raft = node._raft
         journal = node._journal
         assert journal is not None
-        peer = next(iter(b._SyncObj__otherNodes))
+        peer = next(iter(raft.other_nodes))
         sent: list[Any] = []
-        with node._tick_lock:
+        with node._ticks.lock:
             for i in range(2, 7):  # a tail of its own (say, a deposed leader's)
                 journal.add(b"\x00x", i, 1)
             journal.sync()
@@ -1094,17 +1113,56 @@ async def test_a_follower_that_fails_to_install_a_snapshot_acks_nothing(
                         raise OSError(28, "No space left on device")
 
                 journal._disk = FullDisk()
-            term = b._SyncObj__raftCurrentTerm + 1
-            node._on_message(peer, {"type": "append_entries", "term": term, "commit_index": 4,
-                                    "serialized": (blob, True, True)})  # fmt: skip
+            term = raft.term + 1
+            chunk = {"type": "append_entries", "term": term, "commit_index": 4,
+                     "serialized": (blob, True, True)}  # fmt: skip
+            node._inbound.on_message(peer, chunk)
 
             def record(to: Any, msg: Any) -> bool:
                 sent.append(msg)
                 return True
 
-            node._send_now = record  # type: ignore[method-assign,assignment]
-            node._after_tick()
+            node._replication.send_now = record  # type: ignore[assignment]
+            node._ticks.after_tick()
         assert node._fatal is not None
         assert not [m for m in sent if m.get("type") == "next_node_idx"]
     finally:
         await node.stop()
+
+
+@pytest.mark.parametrize("where", ["tick", "loop poll"])
+async def test_an_unexpected_error_in_pysyncobj_stops_the_node_logged_once(
+    caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    """A tick that raises would raise again every TICK, pysyncobj's state half updated: the
+    node stops instead, as on a storage failure, and says why once."""
+    ns = Nodes(None, 1 if where == "loop poll" else 3)  # a leader on its loop / a follower
+    node = ns.start("n1")
+    boom = ValueError("boom")
+
+    def fail(*args: Any) -> None:
+        raise boom
+
+    try:
+        if where == "loop poll":
+            await ns.leader()
+            await until("the loop to tick", lambda: node._ticks.on_home)
+            node._raft.poll = fail
+        else:
+            await until("a tick", lambda: node.stats["max_tick_ms"] > 0)
+            node._raft.tick = fail
+        await until("the node to stop", lambda: not node.status().running, 5)
+        thread = node._ticks.thread
+        assert thread is not None
+        thread.join(5)
+        assert not thread.is_alive()  # the tick thread ended
+        st = node.status()
+        assert st.error is not None and "ValueError('boom')" in st.error
+        assert ("tick" if where == "tick" else "poll") in st.error
+        with pytest.raises(RaftError, match=r"stopped.*boom"):
+            await node.propose([{"op": "create_topic", "topic": "t"}])
+        await asyncio.sleep(0.2)  # (20 ticks' worth)
+        logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is boom]
+        assert len(logged) == 1 and logged[0].levelname == "CRITICAL"
+    finally:
+        await ns.close()

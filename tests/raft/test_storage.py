@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import msgpack
 import pytest
 
-from raftq.cluster.raft import RaftConfig, RaftNode, _jitter, _Snapshots
+from raftq.cluster.raft import RaftConfig, RaftNode
+from raftq.cluster.raft._snapshots import _jitter, _Snapshots
 from raftq.cluster.storage import (
     SEGMENT_HEADER,
     DiskFile,

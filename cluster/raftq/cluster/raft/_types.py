@@ -1,0 +1,67 @@
+"""The binding's public types: its configuration, its status and its errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RaftConfig:
+    node_id: str
+    raft_addr: str
+    api_addr: str
+    peers: dict[str, tuple[str, str]]
+    data_dir: str | None
+    secret: str | None
+    insecure: bool = False
+    fsync: str = "always"  # "always" | "never" (never: a power loss can lose acked entries)
+
+
+class RaftError(Exception):
+    """Base of the binding's errors."""
+
+
+class ReadNotReady(RaftError):
+    """A new leader has not committed an entry of its term yet, so it does not know what is
+    committed: retry shortly (its first entry, pysyncobj's no-op, commits within a heartbeat)."""
+
+
+class NotLeader(RaftError):
+    """Definitely not applied: this node is not the leader (or lost leadership first)."""
+
+    def __init__(
+        self, message: str, leader_id: str | None = None, leader_api: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.leader_id = leader_id
+        self.leader_api = leader_api
+
+
+class QueueFull(RaftError):
+    """Definitely not applied: too many proposals waiting, or none got into the log in time."""
+
+
+class EntryTooLarge(RaftError):
+    """Definitely not applied: the encoded batch exceeds MAX_ENTRY_BYTES."""
+
+
+class UnknownOutcome(RaftError, TimeoutError):
+    """The entry was appended but its fate is unknown (timeout, leadership lost, stop)."""
+
+
+@dataclass
+class RaftStatus:
+    node_id: str
+    role: str
+    leader_id: str | None
+    leader_api: str | None
+    term: int
+    commit_index: int
+    applied_index: int
+    members: dict[str, dict[str, Any]]
+    running: bool = True
+    error: str | None = None
+    # The commit index the leader last told this node (its own on the leader), not capped at
+    # this node's log as commit_index is; None until a leader was heard from since start.
+    leader_commit: int | None = None
