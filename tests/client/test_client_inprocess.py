@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
+from tests.node.inprocess import app as inprocess_app
 
 from raftq.client import (
     AsyncClient,
@@ -23,7 +24,6 @@ from raftq.client import (
     TopicNotFound,
 )
 from raftq.client.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE
-from raftq.node.app import NodeSettings, build_app
 from raftq.node.cli import main as cli_main
 from raftq.node.local import LocalRaft
 
@@ -35,7 +35,7 @@ def name() -> str:
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[LocalRaft, str]]:
     raft = LocalRaft()
-    srv = TestServer(build_app(raft, NodeSettings()), host="127.0.0.1")
+    srv = TestServer(inprocess_app(raft), host="127.0.0.1")
     await srv.start_server()
     try:
         yield raft, f"http://127.0.0.1:{srv.port}"

@@ -136,9 +136,12 @@ def header_source(hook: HeadersHook | None) -> Callable[[], dict[str, str]] | No
 TOKEN_ENV = "RAFTQ_TOKEN"
 
 
-def with_token(token: str | None, hook: HeadersHook | None) -> HeadersHook | None:
-    """``hook`` plus ``Authorization: Bearer <token>`` (``token`` None: none; the clients pass
-    ``RAFTQ_TOKEN`` then). A hook that also names Authorization is refused."""
+def with_token(
+    token: str | None, hook: HeadersHook | None, from_env: bool = False
+) -> HeadersHook | None:
+    """``hook`` plus ``Authorization: Bearer <token>`` (no token: the hook alone). A hook that
+    names Authorization too is refused, unless the token came from ``RAFTQ_TOKEN``
+    (``from_env``): then the hook's own, being explicit, wins."""
     if not token:
         return hook
     bearer = {"Authorization": f"Bearer {token}"}
@@ -148,6 +151,8 @@ def with_token(token: str | None, hook: HeadersHook | None) -> HeadersHook | Non
 
     def both(given: Mapping[str, str]) -> dict[str, str]:
         if any(k.lower() == "authorization" for k in given):
+            if from_env:
+                return dict(given)
             raise ValueError("http_headers: Authorization is set by token=; give one of them")
         return {**given, **bearer}
 

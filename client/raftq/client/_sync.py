@@ -78,7 +78,8 @@ class Client:
         a mapping, from the client call for a callable's answer.
 
         ``token``: the API token (``rq_<id>.<secret>``) sent as ``Authorization: Bearer``;
-        by default ``RAFTQ_TOKEN`` from the environment, if set."""
+        by default ``RAFTQ_TOKEN`` from the environment, if set (an ``Authorization`` from
+        ``http_headers`` then wins; with ``token=`` it is an error); ``""``: none."""
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
@@ -89,9 +90,10 @@ class Client:
         if transport is None:
             transport = SyncHttpPool(connect_timeout=CONNECT_TIMEOUT)
         self._transport: Transport = transport
-        if token is None:
+        from_env = token is None
+        if from_env:
             token = os.environ.get(core.TOKEN_ENV) or None
-        self._extra_headers = core.header_source(core.with_token(token, http_headers))
+        self._extra_headers = core.header_source(core.with_token(token, http_headers, from_env))
 
     def __enter__(self) -> Client:
         return self

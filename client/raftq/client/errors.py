@@ -8,12 +8,16 @@ class below and sets each entry of ``details`` as an attribute (``TopicFull.max_
     ├── InvalidArgument                 invalid_argument (400)
     │   ├── InvalidName                 invalid_name
     │   └── MessageTooLarge             message_too_large (413)
+    ├── Unauthenticated                 unauthenticated (401): no token, or a bad one
+    ├── Forbidden                       forbidden (403): .action, .topic the token may not
     ├── NotFound                        (404)
     │   ├── TopicNotFound               topic_not_found
-    │   └── GroupNotFound               group_not_found
+    │   ├── GroupNotFound               group_not_found
+    │   └── TokenNotFound               token_not_found
     ├── Conflict                        (409)
     │   ├── TopicExists                 topic_exists
-    │   └── GroupExists                 group_exists
+    │   ├── GroupExists                 group_exists
+    │   └── TokenExists                 token_exists
     ├── TopicFull                       topic_full (429)
     ├── ReceiptError
     │   ├── ReceiptInvalid              receipt_invalid
@@ -67,6 +71,18 @@ class MessageTooLarge(InvalidArgument):
     code = "message_too_large"
 
 
+class Unauthenticated(RaftqError):
+    """No token was sent, or it is unknown, malformed, disabled or expired."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(RaftqError):
+    """The token is valid but lacks the right: ``action`` (on ``topic``)."""
+
+    code = "forbidden"
+
+
 class NotFound(RaftqError):
     code = "not_found"
 
@@ -79,6 +95,10 @@ class GroupNotFound(NotFound):
     code = "group_not_found"
 
 
+class TokenNotFound(NotFound):
+    code = "token_not_found"
+
+
 class Conflict(RaftqError):
     code = "conflict"
 
@@ -89,6 +109,10 @@ class TopicExists(Conflict):
 
 class GroupExists(Conflict):
     code = "group_exists"
+
+
+class TokenExists(Conflict):
+    code = "token_exists"
 
 
 class TopicFull(RaftqError):
@@ -174,6 +198,10 @@ def error_from_body(status: int, body: Any) -> RaftqError:
 
 
 def _by_status(status: int) -> type[RaftqError]:
+    if status == 401:
+        return Unauthenticated
+    if status == 403:
+        return Forbidden
     if status == 404:
         return NotFound
     if status == 409:
