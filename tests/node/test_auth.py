@@ -381,3 +381,32 @@ async def test_metrics_and_the_api_document_can_require_a_token() -> None:
         assert (await c.get("/openapi.json")).status == 401
         assert (await c.get("/healthz")).status == 200
         assert (await c.get("/metrics", headers=ADMIN)).status == 200
+
+
+async def test_open_streams_end_when_their_token_is_revoked(
+    authed: tuple[LocalRaft, Client, dict[str, str]],
+) -> None:
+    _, client, texts = authed
+    headers = {"Authorization": f"Bearer {texts['everything']}"}
+    tid = (auth.parse(texts["everything"]) or ("", ""))[0]
+    async with (
+        client.ws_connect("/publish/stream", headers=headers) as pub,
+        client.ws_connect(
+            "/topics/orders.eu/groups/default/stream?format=json", headers=headers
+        ) as sub,
+    ):
+        frame = {"id": 1, "op": "publish", "topic": "orders.eu", "messages": [{"payload": b"a"}]}
+        await pub.send_bytes(msgpack.packb(frame))
+        got = msgpack.unpackb((await asyncio.wait_for(pub.receive(), 5)).data)
+        assert got["type"] == "result"
+        assert (await asyncio.wait_for(sub.receive_json(), 5))["type"] == "delivery"
+        assert (await client.delete(f"/tokens/{tid}")).status == 200
+        await pub.send_bytes(msgpack.packb({**frame, "id": 2}))
+        got = msgpack.unpackb((await asyncio.wait_for(pub.receive(), 5)).data)
+        assert (got["id"], got["code"]) == (2, "unauthenticated")
+        assert (await asyncio.wait_for(pub.receive(), 5)).type.name in ("CLOSE", "CLOSED")
+        assert pub.close_code == 1008
+        # The consumer stream notices at its next turn (within a second when idle).
+        while not sub.closed:
+            await asyncio.wait_for(sub.receive(), 5)
+        assert sub.close_code == 1008

@@ -38,7 +38,7 @@ from raftq.node.errors import ApiError
 from raftq.node.openapi import document
 from raftq.node.proxy import Forwarder
 from raftq.node.raftapi import Raft
-from raftq.node.routes import LEADER, Route, parse_query, path_name, set_principal
+from raftq.node.routes import AUTHN, LEADER, Route, parse_query, path_name, set_principal
 from raftq.node.service import BrokerService, LeaderLost, NodeSettings
 from raftq.node.stream import STREAMS, Streams
 
@@ -192,6 +192,7 @@ def build_app(
         admin_token=settings.admin_token,
         internal=settings.internal_token,
     )
+    app[AUTHN] = authn
     for route in routes:
         aio = _bind(route, svc, fwd, authn)
         app.router.add_route(route.method, route.path, aio)

@@ -99,6 +99,7 @@ class Principal:
     grants: tuple[Mapping[str, Any], ...] = ()
     cluster: bool = False
     everything: bool = False
+    digest: bytes = field(default=b"", repr=False)  # a replicated token's hash, for ``recheck``
 
     def may(self, action: str, topic: str | None = None) -> bool:
         if self.everything or action in (PUBLIC, OBSERVE, AUTHENTICATED):
@@ -170,13 +171,31 @@ class Authenticator:
         record = self.lookup(tid)
         if record is None or not hmac.compare_digest(secret_hash(secret), record["hash"]):
             raise unauthenticated("invalid token")  # (unknown and wrong look the same)
+        return self._valid(tid, record)
+
+    def recheck(self, who: Principal) -> Principal:
+        """``who`` as the replicated state says now: a stream authenticated at its handshake
+        asks again before each thing it does, so a revoke, a disable, an expiry or new grants
+        take effect on an open stream too (a lookup, no hashing)."""
+        if who.token_id is None or not self.enabled:
+            return who
+        record = self.lookup(who.token_id)
+        if record is None or record["hash"] != who.digest:
+            raise unauthenticated(f"token {who.name!r} was revoked")
+        return self._valid(who.token_id, record)
+
+    def _valid(self, tid: str, record: Mapping[str, Any]) -> Principal:
         if record.get("disabled"):
             raise unauthenticated(f"token {record['name']!r} is disabled")
         expires = record.get("expires_at")
         if expires is not None and expires <= self.clock() * 1000:
             raise unauthenticated(f"token {record['name']!r} has expired")
         return Principal(
-            record["name"], tid, tuple(record.get("grants") or ()), bool(record.get("cluster"))
+            record["name"],
+            tid,
+            tuple(record.get("grants") or ()),
+            bool(record.get("cluster")),
+            digest=record["hash"],
         )
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from raftq.node import commands, httpio
-from raftq.node.auth import Permission, Principal
+from raftq.node.auth import Authenticator, Permission, Principal
 from raftq.node.errors import ApiError
 
 if TYPE_CHECKING:
@@ -115,6 +115,7 @@ class Route:
 
 _QUERY_KEY: web.RequestKey[dict[str, Any]] = web.RequestKey("query", dict)
 _PRINCIPAL_KEY: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
+AUTHN: web.AppKey[Authenticator] = web.AppKey("authenticator", Authenticator)
 
 
 def parse_query(route: Route, request: web.Request) -> None:
@@ -159,3 +160,9 @@ def principal(request: web.Request) -> Principal:
     """Who is calling (authenticated, and checked against the route's permission, before the
     handler runs)."""
     return request[_PRINCIPAL_KEY]
+
+
+def recheck(request: web.Request, who: Principal) -> Principal:
+    """``who`` as the replicated state says now (``Authenticator.recheck``): for streams,
+    which authenticate once, at their handshake."""
+    return request.app[AUTHN].recheck(who)
