@@ -1195,8 +1195,8 @@ async def test_tokens_survive_a_restart_from_the_snapshot_and_from_the_journal(
         await until("the journal applied", lambda: node.read(lambda b: b.token("insnap2")))
         names = node.read(lambda b: [t["name"] for t in b.tokens()])
         assert names == ["name-injournal", "name-insnap2"]
-        assert node.read(lambda b: b.token("injournal"))["grants"] == [
-            {"topics": "orders.*", "actions": ["publish"]}
-        ]
+        record = node.read(lambda b: b.token("injournal"))
+        assert record is not None
+        assert record["grants"] == [{"topics": "orders.*", "actions": ["publish"]}]
     finally:
         await ns.close()
