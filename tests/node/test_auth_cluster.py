@@ -77,7 +77,5 @@ def test_tokens_survive_a_restart_of_the_whole_cluster(cluster3: Cluster) -> Non
         cluster3.start_node(nid)
     cluster3.wait_leader()
     for nid in cluster3.nodes:
-        url = cluster3.url(nid)
-        wait_for(
-            f"{nid} to know the token again", lambda u=url: status_at(u, made["token"]) == 200, 20
-        )
+        known = functools.partial(answers, cluster3.url(nid), made["token"], 200)
+        wait_for(f"{nid} to know the token again", known, 20)
