@@ -1,8 +1,12 @@
 """``raftq cluster up``: N node processes on loopback for development.
 
-Data, logs, the layout (``cluster.json``) and a generated secret (``secret``, mode 0600) live
-under ``--dir`` (default ``./.raftq``); running again reuses them, so the cluster resumes with its
-data. Ctrl-C (or SIGTERM) stops every node gracefully (SIGTERM, then SIGKILL after a bound).
+Data, logs, the layout (``cluster.json``), a generated cluster secret (``secret``) and a
+generated bootstrap admin token (``admin.token``; both mode 0600) live under ``--dir`` (default
+``./.raftq``); running again reuses them, so the cluster resumes with its data and its token.
+Access control is on, as in production: each node gets the admin token through its environment
+(``RAFTQ_ADMIN_TOKEN``, never in argv, which ``ps`` shows), and the ``raftq`` CLI run from the
+directory holding ``.raftq`` reads ``.raftq/admin.token`` by itself. Ctrl-C (or SIGTERM) stops
+every node gracefully (SIGTERM, then SIGKILL after a bound).
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ from pathlib import Path
 from typing import Any
 
 STOP_TIMEOUT = 25.0
+ADMIN_TOKEN_FILE = "admin.token"  # under --dir; the CLI's default is ./.raftq/admin.token
+MIN_TOKEN = 16  # what a node accepts as --admin-token
+
+
+class Refused(RuntimeError):
+    """A node refused our credential (401/403): waiting longer cannot help."""
 
 
 def _layout(base: Path, nodes: int, api_port: int, raft_port: int) -> list[dict[str, str]]:
@@ -69,15 +79,35 @@ def _busy(layout: list[dict[str, str]]) -> list[str]:
     return busy
 
 
-def _secret(base: Path) -> str:
-    path = base / "secret"
-    if path.exists():
+def new_admin_token() -> str:
+    """A fresh bootstrap admin token, as ``raftq token new`` prints one."""
+    return f"rq_admin.{secrets.token_urlsafe(32)}"
+
+
+def _kept(path: Path, make: Callable[[], str]) -> str:
+    """The value kept in ``path``, made and written (mode 0600) on first use."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
         return path.read_text().strip()
-    value = secrets.token_urlsafe(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    value = make()
     with os.fdopen(fd, "w") as f:
-        f.write(value)
+        f.write(value + "\n")
     return value
+
+
+def _secret(base: Path) -> str:
+    return _kept(base / "secret", lambda: secrets.token_urlsafe(24))
+
+
+def _admin_token(base: Path) -> str:
+    path = base / ADMIN_TOKEN_FILE
+    token = _kept(path, new_admin_token)
+    if len(token) < MIN_TOKEN:
+        raise SystemExit(
+            f"{path} holds no usable admin token (16+ characters); delete it to get a new one"
+        )
+    return token
 
 
 def node_command(
@@ -91,24 +121,38 @@ def node_command(
     ]  # fmt: skip
 
 
-def get_json(url: str, timeout: float = 1.0) -> Any:
+def get_json(url: str, timeout: float = 1.0, token: str | None = None) -> Any:
+    """GET ``url`` as JSON, sending ``token`` as the bearer credential when given; an error
+    status gives its error body (``{"code", "message", ...}``)."""
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:
-        return json.loads(e.read() or b"{}")
+        with e:
+            return json.loads(e.read() or b"{}")
 
 
 def wait_for_leader(
-    apis: list[str], timeout: float, failed: Callable[[], bool] = lambda: False
+    apis: list[str],
+    timeout: float,
+    failed: Callable[[], bool] = lambda: False,
+    token: str | None = None,
 ) -> str | None:
+    """The id of a node that says it leads, polling ``GET /cluster`` (which needs a token);
+    None after ``timeout`` or once ``failed()``. Raises ``Refused`` if a node refuses
+    ``token``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not failed():
         for api in apis:
             try:
-                st = get_json(f"http://{api}/cluster", 0.5)
+                st = get_json(f"http://{api}/cluster", 0.5, token)
             except (OSError, ValueError):
                 continue
+            if st.get("code") in ("unauthenticated", "forbidden"):
+                raise Refused(f"{api}: {st['code']}: {st.get('message')}")
             if st.get("role") == "leader":
                 return str(st.get("node"))
         time.sleep(0.2)
@@ -129,7 +173,8 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
             file=sys.stderr,
         )
         return 1
-    env = dict(os.environ, RAFTQ_SECRET=_secret(base))
+    token = _admin_token(base)
+    env = node_env(_secret(base), token)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
 
@@ -153,9 +198,16 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
             )
             log.close()
         apis = [n["api"] for n in layout]
-        leader = wait_for_leader(
-            apis, 30.0, lambda: stopping or any(p.poll() is not None for p in procs.values())
-        )
+        try:
+            leader = wait_for_leader(
+                apis,
+                30.0,
+                lambda: stopping or any(p.poll() is not None for p in procs.values()),
+                token,
+            )
+        except Refused as e:
+            print(f"a node refused the admin token of {base}: {e}", file=sys.stderr)
+            return 1
         if leader is None and stopping:
             return 0
         if leader is None:
@@ -175,17 +227,20 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
             print(f"raftq cluster of {nodes} is up; leader {leader}; data and logs in {base}")
             for n in layout:
                 print(f"  {n['id']}  http://{n['api']}  (raft {n['raft']})")
+            print(_token_note(base, token, off=env.get("RAFTQ_AUTH") == "off"))
             print("\nTry it (any node works; followers forward to the leader):")
-            print(f'  curl -s -XPOST http://{first}/topics -d \'{{"topic":"orders"}}\'')
+            auth = '-H "Authorization: Bearer $RAFTQ_TOKEN"'
+            print(f"  export RAFTQ_TOKEN=$(cat {base / ADMIN_TOKEN_FILE})")
+            print(f'  curl -s {auth} -XPOST http://{first}/topics -d \'{{"topic":"orders"}}\'')
             print(
-                f"  curl -s -XPOST http://{first}/topics/orders/messages "
+                f"  curl -s {auth} -XPOST http://{first}/topics/orders/messages "
                 '-d \'{"payload":"aGVsbG8="}\''
             )
             print(
-                f"  curl -s -XPOST http://{first}/topics/orders/groups/default/receive "
+                f"  curl -s {auth} -XPOST http://{first}/topics/orders/groups/default/receive "
                 "-d '{\"wait\":5}'"
             )
-            print(f"  curl -s http://{first}/cluster\n\nCtrl-C stops the cluster.")
+            print(f"  curl -s {auth} http://{first}/cluster\n\nCtrl-C stops the cluster.")
             sys.stdout.flush()
         while not stopping:
             for nid, p in procs.items():
@@ -200,6 +255,39 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
         code = stop_all(procs)
         print("cluster stopped")
     return code
+
+
+def node_env(secret: str, admin_token: str) -> dict[str, str]:
+    """The environment of a node process: ours, with the cluster secret and the bootstrap
+    admin token (never on the command line: ``ps`` shows argv to every user)."""
+    env = dict(os.environ, RAFTQ_SECRET=secret, RAFTQ_ADMIN_TOKEN=admin_token)
+    env.pop("RAFTQ_ADMIN_TOKEN_FILE", None)  # (the node refuses both at once)
+    return env
+
+
+def _token_note(base: Path, token: str, off: bool = False) -> str:
+    """Where the admin token is and who finds it (the CLI looks in ./.raftq/admin.token)."""
+    path = base / ADMIN_TOKEN_FILE
+    state = "OFF (RAFTQ_AUTH=off in this environment)" if off else "on"
+    lines = [
+        f"\nAccess control is {state}. Admin token (all rights), kept in"
+        f" {path} (mode 0600):\n  {token}"
+    ]
+    if Path(".raftq", ADMIN_TOKEN_FILE).resolve() == path:
+        lines.append(
+            "The raftq CLI (raftq status, topic, publish, consume...) run from this directory"
+            " finds it by itself;"
+        )
+    else:
+        lines.append(f"The raftq CLI finds it with --token-file {path} (or RAFTQ_TOKEN_FILE);")
+    lines.append("clients (AsyncClient, Client, the CLI) take RAFTQ_TOKEN.")
+    given = os.environ.get("RAFTQ_TOKEN")
+    if given and given != token:
+        lines.append(
+            "note: RAFTQ_TOKEN is set in this shell to another token, and the CLI prefers it"
+            " to the file: unset it, or set it to this one"
+        )
+    return "\n".join(lines)
 
 
 def stop_all(procs: dict[str, subprocess.Popen[bytes]]) -> int:
