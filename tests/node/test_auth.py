@@ -410,3 +410,28 @@ async def test_open_streams_end_when_their_token_is_revoked(
         while not sub.closed:
             await asyncio.wait_for(sub.receive(), 5)
         assert sub.close_code == 1008
+
+
+async def test_a_follower_waits_a_moment_for_a_token_it_does_not_know_yet(
+    leader_and_follower_states: tuple[LocalRaft, Client, LocalRaft, Client],
+) -> None:
+    """A token used through a follower the moment it was created: the follower asks its state
+    again as entries apply, instead of refusing it at once; an unknown one is refused."""
+    leader, lc, follower, fc = leader_and_follower_states
+    assert (await lc.post("/topics", json={"topic": "t"})).status == 201
+    tid, secret, text = auth.new_token()
+    record = {"op": "token_create", "now": 1, "id": tid, "name": "late",
+              "hash": auth.secret_hash(secret),
+              "grants": [{"topics": "t", "actions": ["publish"]}]}  # fmt: skip
+    leader.broker.apply(record)
+    headers = {"Authorization": f"Bearer {text}"}
+    publish = asyncio.ensure_future(
+        fc.post("/topics/t/messages", json={"payload": b64(b"x")}, headers=headers)
+    )
+    await asyncio.sleep(0.2)
+    assert not publish.done()
+    follower.broker.apply(record)  # replication reaches the follower
+    assert (await asyncio.wait_for(publish, 5)).status == 200
+    t0 = asyncio.get_running_loop().time()
+    r = await fc.get("/cluster", headers={"Authorization": f"Bearer rq_nosuch.{secret}"})
+    assert r.status == 401 and asyncio.get_running_loop().time() - t0 < 3

@@ -33,6 +33,7 @@ from raftq.node.auth import (
     Authenticator,
     Permission,
     Principal,
+    UnknownToken,
 )
 from raftq.node.errors import ApiError
 from raftq.node.openapi import document
@@ -48,6 +49,7 @@ log = logging.getLogger("raftq.node")
 
 ROUTE_MODULES = (topics, messages, stream, tokens, ops)
 SERVICE: web.AppKey[BrokerService] = web.AppKey("service", BrokerService)
+CATCH_UP_S = 1.0  # how long a follower waits to learn a token it does not know
 _METHODS = frozenset(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])  # (labels)
 AioHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -134,6 +136,27 @@ def _authorize(
     return who
 
 
+async def _authorize_here(
+    route: Route,
+    perm: Permission,
+    authn: Authenticator,
+    svc: BrokerService,
+    request: web.Request,
+) -> Principal:
+    """``_authorize``; but a token this node does not know, while another node leads, may have
+    just been created there (used through a follower the moment it was made): asked about
+    again as entries are applied here, for at most ``CATCH_UP_S``, before it is refused."""
+    observe = svc.settings.auth_observe
+    deadline = time.monotonic() + CATCH_UP_S
+    while True:
+        try:
+            return _authorize(route, perm, authn, observe, request)
+        except UnknownToken:
+            if svc.leads() or time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.01)
+
+
 def _bind(route: Route, svc: BrokerService, fwd: Forwarder, authn: Authenticator) -> AioHandler:
     """The aiohttp handler of one route: its query checked, the caller authorized, then the
     leadership rule."""
@@ -141,7 +164,6 @@ def _bind(route: Route, svc: BrokerService, fwd: Forwarder, authn: Authenticator
     perm = route.perm
     if perm is None:
         raise ValueError(f"{route.method} {route.path} declares no permission")
-    observe = svc.settings.auth_observe
     audited = perm.action in (ADMIN, CLUSTER)
 
     async def run(request: web.Request, who: Principal) -> web.StreamResponse:
@@ -155,14 +177,14 @@ def _bind(route: Route, svc: BrokerService, fwd: Forwarder, authn: Authenticator
         # is not forwarded).
         async def here(request: web.Request) -> web.StreamResponse:
             parse_query(route, request)
-            return await run(request, _authorize(route, perm, authn, observe, request))
+            return await run(request, await _authorize_here(route, perm, authn, svc, request))
 
         return here
 
     async def at_leader(request: web.Request) -> web.StreamResponse:
         parse_query(route, request)
         # Checked here with this node's own replicated state, and again at the leader.
-        who = _authorize(route, perm, authn, observe, request)
+        who = await _authorize_here(route, perm, authn, svc, request)
         if not svc.leads():
             return await fwd.forward(route, request)
         try:

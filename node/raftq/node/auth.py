@@ -169,8 +169,10 @@ class Authenticator:
                 return Principal("internal", everything=True, cluster=True)
             raise unauthenticated("invalid token")
         record = self.lookup(tid)
-        if record is None or not hmac.compare_digest(secret_hash(secret), record["hash"]):
-            raise unauthenticated("invalid token")  # (unknown and wrong look the same)
+        if record is None:
+            raise UnknownToken("invalid token", headers=_CHALLENGE)
+        if not hmac.compare_digest(secret_hash(secret), record["hash"]):
+            raise unauthenticated("invalid token")  # (the same answer as an unknown id)
         return self._valid(tid, record)
 
     def recheck(self, who: Principal) -> Principal:
@@ -212,6 +214,14 @@ def credential(headers: Mapping[str, str]) -> str | None:
         if proto.startswith(BEARER_SUBPROTOCOL):
             return proto[len(BEARER_SUBPROTOCOL) :]
     return None
+
+
+class UnknownToken(ApiError):
+    """A well-formed token whose id this node's state does not hold (yet: a token created a
+    moment ago may not be applied here). Answered as any invalid token."""
+
+    def __init__(self, message: str, headers: dict[str, str]) -> None:
+        super().__init__("unauthenticated", message, headers=headers)
 
 
 def unauthenticated(message: str) -> ApiError:

@@ -186,6 +186,11 @@ def _run_node(args: argparse.Namespace) -> int:
     # One peer list for every member (a StatefulSet template): this node's own entry is skipped.
     peers.pop(args.id, None)
     _logging(args.log_level)
+    # Read once: not left for child processes to inherit (a forked snapshot writer still has a
+    # copy of memory, and /proc/<pid>/environ keeps the original block: use files for secrets
+    # where that matters).
+    for name in ("RAFTQ_SECRET", "RAFTQ_ADMIN_TOKEN"):
+        os.environ.pop(name, None)
     opts = NodeOptions(
         node_id=args.id,
         listen=args.listen,
