@@ -261,3 +261,33 @@ async def test_cli_commands_tables_json_and_exit_codes(server: tuple[LocalRaft, 
         assert usage.value.code == 2
 
     await asyncio.to_thread(work)
+
+
+async def test_cli_token_commands_and_a_token_of_ones_own(server: tuple[LocalRaft, str]) -> None:
+    _, url = server
+    topic = name()
+
+    def work() -> None:
+        assert run_cli("topic", "create", topic, "--url", url)[0] == EXIT_OK
+        code, out, _ = run_cli(
+            "token", "create", "cli-pub", "--grant", f"{topic}=publish", "--url", url, "--json"
+        )
+        made = json.loads(out)
+        assert code == EXIT_OK and made["token"].startswith("rq_")
+        code, out, _ = run_cli("token", "list", "--url", url)
+        assert code == EXIT_OK and "cli-pub" in out and f"{topic}=publish" in out
+        assert made["token"].split(".")[1] not in out  # a secret is shown once, at create
+        # The new token publishes to its topic, and may not look at another one.
+        mine = ("--url", url, "--token", made["token"])
+        assert run_cli("publish", topic, "hi", *mine)[0] == EXIT_OK
+        code, _, err = run_cli("topic", "show", "somebody-elses", *mine)
+        assert code == EXIT_REFUSED and err.startswith("raftq: forbidden")
+        code, out, _ = run_cli("token", "show", "cli-pub", "--url", url, "--json")
+        assert json.loads(out)["id"] == made["id"] and "hash" not in json.loads(out)
+        assert run_cli("token", "revoke", "cli-pub", "--url", url)[0] == EXIT_OK
+        code, _, err = run_cli("publish", topic, "again", *mine)
+        assert code == EXIT_REFUSED and err.startswith("raftq: unauthenticated")
+        code, out, _ = run_cli("token", "new")
+        assert code == EXIT_OK and out.startswith("rq_admin.") and len(out.strip()) > 40
+
+    await asyncio.to_thread(work)
