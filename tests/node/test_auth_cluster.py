@@ -49,19 +49,18 @@ def test_a_token_revoked_on_the_leader_is_refused_by_every_node(cluster3: Cluste
         with Client(urls[leader]) as admin:
             t0 = time.monotonic()
             admin.revoke_token(made["id"])
-        refused = {}
-        for nid, c in clients.items():
-            wait_for(
-                f"{nid} to refuse the revoked token",
-                functools.partial(answers, urls[nid], token, 401),
-                10,
-                every=0.005,
-            )
-            refused[nid] = time.monotonic() - t0
+        refused: dict[str, float] = {}
+        deadline = time.monotonic() + 10
+        while len(refused) < len(urls) and time.monotonic() < deadline:
+            for nid, url in urls.items():  # each node in turn, timed on its own
+                if nid not in refused and status_at(url, token) == 401:
+                    refused[nid] = time.monotonic() - t0
+        assert set(refused) == set(urls), refused
+        for c in clients.values():
             with pytest.raises(Unauthenticated):
                 c.publish("orders.eu", b"after the revoke")
         print(f"revoke -> refused (s): {refused}")
-        assert max(refused.values()) < 2.0
+        assert max(refused.values()) < 1.0
     finally:
         for c in clients.values():
             c.close()

@@ -49,7 +49,8 @@ log = logging.getLogger("raftq.node")
 
 ROUTE_MODULES = (topics, messages, stream, tokens, ops)
 SERVICE: web.AppKey[BrokerService] = web.AppKey("service", BrokerService)
-CATCH_UP_S = 1.0  # how long a follower waits to learn a token it does not know
+CATCH_UP_S = 1.0  # how long a follower waits at most to learn a token it does not know
+CATCH_UP_MIN_S = 0.1
 _METHODS = frozenset(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])  # (labels)
 AioHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -145,15 +146,21 @@ async def _authorize_here(
 ) -> Principal:
     """``_authorize``; but a token this node does not know, while another node leads, may have
     just been created there (used through a follower the moment it was made): asked about
-    again as entries are applied here, for at most ``CATCH_UP_S``, before it is refused."""
+    again as entries are applied here, for at least ``CATCH_UP_MIN_S`` (a heartbeat or two)
+    and while this node trails what it heard the leader commit, at most ``CATCH_UP_S``."""
     observe = svc.settings.auth_observe
-    deadline = time.monotonic() + CATCH_UP_S
+    start = time.monotonic()
     while True:
         try:
             return _authorize(route, perm, authn, observe, request)
         except UnknownToken:
-            if svc.leads() or time.monotonic() >= deadline:
+            waited = time.monotonic() - start
+            if svc.leads() or waited >= CATCH_UP_S:
                 raise
+            if waited >= CATCH_UP_MIN_S:
+                st = svc.raft.status()
+                if st.leader_commit is None or st.applied_index >= st.leader_commit:
+                    raise  # caught up: unknown here means unknown (a revoked token is too)
             await asyncio.sleep(0.01)
 
 
