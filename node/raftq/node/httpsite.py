@@ -1,0 +1,239 @@
+"""The API's HTTPS listener: an aiohttp site that serves TLS only, and answers a plain-HTTP
+request on its port with a plain ``400 tls_required`` naming the ``https://`` URL (as nginx and
+Go do) instead of closing the connection without a word, which a client cannot tell from a node
+that died mid-request.
+
+Each accepted connection's first byte is peeked at (not read): a TLS handshake starts with 0x16
+and is handed, untouched, to aiohttp's server with the TLS context; anything else is read up to
+the end of its head, answered and closed. A connection that sends nothing for ``PEEK_S`` seconds,
+or does not finish its handshake within ``HANDSHAKE_S``, is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import ssl
+from typing import Any
+
+from aiohttp import web
+
+from raftq.node.commands import host_port
+
+log = logging.getLogger("raftq.node")
+
+PEEK_S = 10.0
+HANDSHAKE_S = 10.0
+LINGER_S = 2.0  # after answering plain HTTP: read (and drop) what the client still sends
+MAX_HEAD = 16 << 10
+TLS_HANDSHAKE = 0x16  # the content type of a TLS record carrying a ClientHello
+
+
+class HttpsSite(web.BaseSite):
+    """Like ``web.TCPSite(runner, host, port, ssl_context=...)``, plus the plain-HTTP answer."""
+
+    __slots__ = ("_accepting", "_host", "_listeners", "_port", "_serving")
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext,
+        *,
+        backlog: int = 128,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._host = host
+        self._port = port
+        self._listeners: list[socket.socket] = []
+        self._accepting: list[asyncio.Task[None]] = []
+        self._serving: set[asyncio.Task[None]] = set()
+
+    @property
+    def name(self) -> str:
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"https://{host}:{self._port}"
+
+    @property
+    def port(self) -> int:
+        """The bound port (the one asked for, or the one the system chose for 0)."""
+        if self._listeners:
+            port: int = self._listeners[0].getsockname()[1]
+            return port
+        return self._port
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(
+            self._host or None, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        seen: set[Any] = set()
+        try:
+            for family, kind, proto, _, addr in infos:
+                if (family, addr) in seen:
+                    continue
+                seen.add((family, addr))
+                sock = socket.socket(family, kind, proto)
+                self._listeners.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(addr)
+                if self._port == 0:  # every address on the port the first one got
+                    self._port = sock.getsockname()[1]
+                sock.listen(self._backlog)
+                sock.setblocking(False)
+        except OSError:
+            self._close_listeners()
+            raise
+        self._accepting = [loop.create_task(self._accept(s)) for s in self._listeners]
+
+    async def stop(self) -> None:
+        tasks = [*self._accepting, *self._serving]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._accepting = []
+        self._close_listeners()
+        await super().stop()
+
+    def _close_listeners(self) -> None:
+        for sock in self._listeners:
+            sock.close()
+        self._listeners = []
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError as e:  # out of descriptors, a connection reset before accept...
+                log.warning("accepting an API connection failed: %s", e.strerror or e)
+                await asyncio.sleep(0.1)
+                continue
+            task = loop.create_task(self._serve(conn))
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
+
+    async def _serve(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        conn.setblocking(False)
+        try:
+            first = await _peek(conn)
+            if not first:  # closed, or silent
+                conn.close()
+            elif first[0] == TLS_HANDSHAKE:
+                server = self._runner.server
+                assert server is not None and self._ssl_context is not None
+                await loop.connect_accepted_socket(
+                    server, conn, ssl=self._ssl_context, ssl_handshake_timeout=HANDSHAKE_S
+                )  # (the transport owns the socket now)
+            else:
+                await loop.connect_accepted_socket(_PlainHttp, conn)
+        except (OSError, TimeoutError):  # a failed handshake, a client gone: nothing to say
+            conn.close()  # (a no-op if its transport closed it)
+        except BaseException:
+            conn.close()
+            raise
+
+
+async def _peek(conn: socket.socket) -> bytes:
+    """The connection's first byte, left unread; b"" if it closes or says nothing in time."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(conn.fileno(), readable)
+    try:
+        async with asyncio.timeout(PEEK_S):
+            while True:
+                await ready
+                try:
+                    return conn.recv(1, socket.MSG_PEEK)
+                except (BlockingIOError, InterruptedError):
+                    ready = loop.create_future()
+                    loop.remove_reader(conn.fileno())
+                    loop.add_reader(conn.fileno(), readable)
+    except TimeoutError:
+        return b""
+    finally:
+        loop.remove_reader(conn.fileno())
+
+
+class _PlainHttp(asyncio.Protocol):
+    """A plain-HTTP request on the TLS port: read its head, answer 400 ``tls_required`` with
+    the https:// URL, then close (after reading what the client still sends for a moment, so
+    that the close does not reset the connection before the answer is read)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.head = bytearray()
+        self.answered = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.timer = asyncio.get_running_loop().call_later(PEEK_S, transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        if self.answered:
+            return  # (lingering: dropped)
+        self.head += data
+        if b"\r\n\r\n" in self.head or len(self.head) > MAX_HEAD:
+            self._answer()
+
+    def eof_received(self) -> bool:
+        if not self.answered:
+            self._answer()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def _answer(self) -> None:
+        assert self.transport is not None
+        self.answered = True
+        url = _https_url(bytes(self.head))
+        message = "this port serves HTTPS only: use an https:// URL"
+        if url:
+            message += f" ({url})"
+        body = json.dumps(
+            {"code": "tls_required", "message": message, "details": {"url": url}}
+        ).encode()
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        with contextlib.suppress(OSError, RuntimeError):
+            self.transport.write_eof()
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+
+
+def _https_url(head: bytes) -> str | None:
+    """``https://<Host><path>`` of a plain request's head, when both are well-formed."""
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ")
+    host = None
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"host":
+            host = value.strip().decode("latin-1")
+            break
+    if host is None or host_port(host) is None or len(parts) != 3:
+        return None
+    target = parts[1].decode("latin-1")
+    if not target.startswith("/") or not target.isprintable() or " " in target:
+        target = "/"
+    return f"https://{host}{target}"
