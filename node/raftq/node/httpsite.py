@@ -1,7 +1,10 @@
 """The API's HTTPS listener: an aiohttp site that serves TLS only, and answers a plain-HTTP
 request on its port with a plain ``400 tls_required`` naming the ``https://`` URL (as nginx and
 Go do) instead of closing the connection without a word, which a client cannot tell from a node
-that died mid-request.
+that died mid-request. Likewise, where client certificates are required, a TLS connection
+without one gets ``401 client_certificate_required``: the context asks for a certificate and
+verifies any presented (``CERT_OPTIONAL``: a bad one fails the handshake), and this site serves
+only connections that presented one.
 
 Each accepted connection's first byte is peeked at (not read): a TLS handshake starts with 0x16
 and is handed, untouched, to aiohttp's server with the TLS context; anything else is read up to
@@ -13,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import socket
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -35,7 +40,7 @@ TLS_HANDSHAKE = 0x16  # the content type of a TLS record carrying a ClientHello
 class HttpsSite(web.BaseSite):
     """Like ``web.TCPSite(runner, host, port, ssl_context=...)``, plus the plain-HTTP answer."""
 
-    __slots__ = ("_accepting", "_host", "_listeners", "_port", "_serving")
+    __slots__ = ("_accepting", "_host", "_listeners", "_port", "_require_client_cert", "_serving")
 
     def __init__(
         self,
@@ -44,9 +49,16 @@ class HttpsSite(web.BaseSite):
         port: int,
         ssl_context: ssl.SSLContext,
         *,
+        require_client_cert: bool = False,
         backlog: int = 128,
     ) -> None:
+        """``require_client_cert``: serve only connections that presented a client certificate
+        (``ssl_context`` verifies those presented: ``CERT_OPTIONAL``); the others are answered
+        401 ``client_certificate_required``."""
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        if require_client_cert and ssl_context.verify_mode == ssl.CERT_NONE:
+            raise ValueError("require_client_cert needs a context that verifies client certs")
+        self._require_client_cert = require_client_cert
         self._host = host
         self._port = port
         self._listeners: list[socket.socket] = []
@@ -130,8 +142,11 @@ class HttpsSite(web.BaseSite):
             elif first[0] == TLS_HANDSHAKE:
                 server = self._runner.server
                 assert server is not None and self._ssl_context is not None
+                factory: Callable[[], asyncio.BaseProtocol] = server
+                if self._require_client_cert:
+                    factory = functools.partial(_ClientCertGate, server)
                 await loop.connect_accepted_socket(
-                    server, conn, ssl=self._ssl_context, ssl_handshake_timeout=HANDSHAKE_S
+                    factory, conn, ssl=self._ssl_context, ssl_handshake_timeout=HANDSHAKE_S
                 )  # (the transport owns the socket now)
             else:
                 await loop.connect_accepted_socket(_PlainHttp, conn)
@@ -168,16 +183,19 @@ async def _peek(conn: socket.socket) -> bytes:
         loop.remove_reader(conn.fileno())
 
 
-class _PlainHttp(asyncio.Protocol):
-    """A plain-HTTP request on the TLS port: read its head, answer 400 ``tls_required`` with
-    the https:// URL, then close (after reading what the client still sends for a moment, so
-    that the close does not reset the connection before the answer is read)."""
+class _Refusal(asyncio.Protocol):
+    """Answer one request with an error and close: read its head, answer, then close (after
+    reading what the client still sends for a moment, so that the close does not reset the
+    connection before the answer is read)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.head = bytearray()
         self.answered = False
         self.timer: asyncio.TimerHandle | None = None
+
+    def answer(self, head: bytes) -> tuple[bytes, dict[str, Any]]:
+        raise NotImplementedError
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -203,22 +221,60 @@ class _PlainHttp(asyncio.Protocol):
     def _answer(self) -> None:
         assert self.transport is not None
         self.answered = True
-        url = _https_url(bytes(self.head))
-        message = "this port serves HTTPS only: use an https:// URL"
-        if url:
-            message += f" ({url})"
-        body = json.dumps(
-            {"code": "tls_required", "message": message, "details": {"url": url}}
-        ).encode()
+        status, error = self.answer(bytes(self.head))
+        body = json.dumps(error).encode()
         self.transport.write(
-            b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+            b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (status, len(body), body)
         )
-        with contextlib.suppress(OSError, RuntimeError):
-            self.transport.write_eof()
+        if self.transport.can_write_eof():
+            with contextlib.suppress(OSError, RuntimeError):
+                self.transport.write_eof()
         if self.timer is not None:
             self.timer.cancel()
         self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+
+
+class _PlainHttp(_Refusal):
+    """A plain-HTTP request on the TLS port: 400 ``tls_required``, naming the https:// URL."""
+
+    def answer(self, head: bytes) -> tuple[bytes, dict[str, Any]]:
+        url = _https_url(head)
+        message = "this port serves HTTPS only: use an https:// URL"
+        if url:
+            message += f" ({url})"
+        return b"400 Bad Request", {"code": "tls_required", "message": message, "details": {}}
+
+
+class _NoClientCert(_Refusal):
+    """A TLS connection without a client certificate where one is required: 401
+    ``client_certificate_required`` (the handshake itself may not refuse it: in TLS 1.3 the
+    client learns of that only from an alert that asyncio does not send)."""
+
+    def answer(self, head: bytes) -> tuple[bytes, dict[str, Any]]:
+        message = (
+            "this node requires a client certificate signed by its client CA; present one"
+            " (raftq clients: cert= and key=, or --cert and --key)"
+        )
+        return b"401 Unauthorized", {
+            "code": "client_certificate_required",
+            "message": message,
+            "details": {},
+        }
+
+
+class _ClientCertGate(asyncio.Protocol):
+    """The protocol of a TLS connection until its handshake is done: then aiohttp's handler if
+    the client presented a certificate (verified by the context), else ``_NoClientCert``."""
+
+    def __init__(self, handler: Callable[[], asyncio.BaseProtocol]) -> None:
+        self.handler = handler
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        verified = transport.get_extra_info("peercert")
+        proto = self.handler() if verified else _NoClientCert()
+        transport.set_protocol(proto)
+        proto.connection_made(transport)
 
 
 def _https_url(head: bytes) -> str | None:

@@ -164,7 +164,9 @@ async def serve(
     if tls is None:
         site = web.TCPSite(runner, host, port, reuse_address=True)
     else:
-        site = HttpsSite(runner, host, port, tls.server)
+        site = HttpsSite(
+            runner, host, port, tls.server, require_client_cert=tls.require_client_cert
+        )
     try:
         await site.start()
     except OSError as e:

@@ -133,12 +133,15 @@ def _load(ctx: ssl.SSLContext, flag: str, path: str, what: str, *args: str) -> N
 
 def server_context(files: TLSFiles) -> ssl.SSLContext:
     """What the API serves: the node's certificate, TLS 1.2 at least, and with ``client_ca``
-    client certificates required and verified against it."""
+    client certificates verified against it (``CERT_OPTIONAL``: ``HttpsSite`` with
+    ``require_client_cert`` refuses connections that presented none)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = MINIMUM_VERSION
     _load(ctx, "--tls-cert", files.cert, "chain", files.key)
     if files.client_ca is not None:
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        # Asked for and verified when presented; a connection without one is refused by the
+        # listener (raftq.node.httpsite), with an HTTP answer a client can read.
+        ctx.verify_mode = ssl.CERT_OPTIONAL
         _load(ctx, "--tls-client-ca", files.client_ca, "verify")
     return ctx
 
@@ -200,6 +203,7 @@ class NodeTLS:
 
     def __init__(self, files: TLSFiles) -> None:
         self.files = files
+        self.require_client_cert = files.client_ca is not None  # (see server_context)
         self.cert = check_files(files)
         self.server = server_context(files)
         self._current = self.server
