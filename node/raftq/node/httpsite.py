@@ -254,7 +254,7 @@ class _NoClientCert(_Refusal):
     def answer(self, head: bytes) -> tuple[bytes, dict[str, Any]]:
         message = (
             "this node requires a client certificate signed by its client CA; present one"
-            " (raftq clients: cert= and key=, or --cert and --key)"
+            " (raftq clients: cert= and key=; the CLI: --client-cert and --client-key)"
         )
         return b"401 Unauthorized", {
             "code": "client_certificate_required",

@@ -287,10 +287,11 @@ def issue_cert(
     hosts: Sequence[str] = (),
     *,
     validity: datetime.timedelta = DEV_VALIDITY,
+    client: bool = True,
 ) -> tuple[Path, Path]:
     """Another certificate signed by ``ca`` (``<name>.pem``, ``<name>.key`` in ``directory``),
-    valid for loopback, ``localhost`` and ``hosts``, for server and client use; a negative
-    ``validity`` gives one that has expired."""
+    valid for loopback, ``localhost`` and ``hosts``, for server and (unless ``client`` is
+    False) client use; a negative ``validity`` gives one that has expired."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     ca_cert = x509.load_pem_x509_certificate(ca.ca_cert.read_bytes())
@@ -312,7 +313,8 @@ def issue_cert(
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                [ExtendedKeyUsageOID.SERVER_AUTH]
+                + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
             ),
             critical=False,
         )
