@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from raftq.node.cli import main
 from raftq.node.httpsite import HttpsSite
@@ -80,11 +81,9 @@ def _bad_files(tmp: Path, ca: DevCA, other_ca: DevCA) -> dict[str, tuple[TLSFile
     expired, expired_key = issue_cert(ca, tmp, "expired", validity=-datetime.timedelta(days=2))
     server_only, server_only_key = issue_cert(ca, tmp, "server-only", client=False)
     encrypted = tmp / "encrypted.key"
-    from cryptography.hazmat.primitives import serialization
-
-    key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    private = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
     encrypted.write_bytes(
-        key.private_bytes(
+        private.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
             serialization.BestAvailableEncryption(b"secret"),
