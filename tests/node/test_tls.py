@@ -18,7 +18,7 @@ from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from raftq.node.cli import main
+from raftq.node.cli import build_parser, main
 from raftq.node.httpsite import HttpsSite
 from raftq.node.local import LocalRaft
 from raftq.node.server import reload_tls
@@ -139,6 +139,18 @@ def test_tls_flags_that_do_not_go_together_are_usage_errors(
             main([*base, *extra])
         err = capsys.readouterr().err
         assert e.value.code == 2 and says in err, err
+
+
+def test_tls_flags_have_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for flag in ("CERT", "KEY", "CLIENT_CA", "CA"):
+        monkeypatch.setenv(f"RAFTQ_TLS_{flag}", f"/etc/raftq/{flag.lower()}.pem")
+    args = build_parser().parse_args(["node", "--tls-ca", "/elsewhere/ca.pem"])
+    assert (args.tls_cert, args.tls_key, args.tls_client_ca, args.tls_ca) == (
+        "/etc/raftq/cert.pem",
+        "/etc/raftq/key.pem",
+        "/etc/raftq/client_ca.pem",
+        "/elsewhere/ca.pem",  # (a flag wins over the variable)
+    )
 
 
 # ---------------------------------------------------------------- the listener
