@@ -4,7 +4,9 @@ Go do) instead of closing the connection without a word, which a client cannot t
 that died mid-request. Likewise, where client certificates are required, a TLS connection
 without one gets ``401 client_certificate_required``: the context asks for a certificate and
 verifies any presented (``CERT_OPTIONAL``: a bad one fails the handshake), and this site serves
-only connections that presented one.
+only connections that presented one. (A certificate the node does not accept still ends in a
+bare close: asyncio drops the TLS alert of a failed handshake, so the client sees the
+connection dropped.)
 
 Each accepted connection's first byte is peeked at (not read): a TLS handshake starts with 0x16
 and is handed, untouched, to aiohttp's server with the TLS context; anything else is read up to
