@@ -25,6 +25,7 @@ from raftq.client.errors import (
     ProtocolError,
     RaftqError,
     RaftqTimeout,
+    TLSError,
     Unavailable,
     UnknownOutcome,
     error_from_body,
@@ -222,8 +223,8 @@ def retry_delay(err: RaftqError, req: Request, attempt: int, remaining: float) -
     """Seconds to wait before trying again, or None to raise ``err`` now."""
     if isinstance(err, UnknownOutcome) and not req.idempotent:
         return None
-    if not isinstance(err, Unavailable) or remaining <= 0:
-        return None
+    if not isinstance(err, Unavailable) or isinstance(err, TLSError) or remaining <= 0:
+        return None  # (a TLS failure is a configuration error: retrying would only hide it)
     cap = NO_LEADER_CAP if err.server_code == "no_leader" else BACKOFF_CAP
     delay: float = min(cap, BACKOFF_BASE * (2**attempt)) * random.uniform(0.5, 1.0)
     return min(delay, remaining)
@@ -317,8 +318,11 @@ class Endpoints:
             self.leader = None
 
     def learn(self, url: str | None) -> None:
-        """A server named the leader's HTTP address (header or /cluster)."""
+        """A server named the leader's HTTP address (header or /cluster: a bare host:port
+        there, reached with the seeds' scheme: a cluster is all-HTTPS or all-plain)."""
         if url and ":" in url:  # an address, not a bare node id
+            if "://" not in url:
+                url = f"{urlsplit(self.seeds[0]).scheme}://{url}"
             url = normalize_url(url)
             if self._down.get(url, 0.0) > self.clock():
                 return  # we could not reach it a moment ago (e.g. an address inside Docker)
@@ -405,6 +409,17 @@ def unavailable(url: str, exc: BaseException, sent: bool) -> RaftqError:
     if sent:
         return UnknownOutcome(f"{url}: connection lost after sending ({exc!r})")
     return Unavailable(f"{url}: {exc!r}")
+
+
+def origin(url: str) -> str:
+    """``scheme://host:port`` of a URL (which node a failure was with, after redirects)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def tls_error(url: str, exc: BaseException) -> TLSError:
+    """A transport's ``TLSFailed`` with the node's URL: the client's error, not retried."""
+    return TLSError(f"{origin(url)}: {exc}")
 
 
 def raise_receipt_errors(result: Any, count: int) -> None:

@@ -22,10 +22,11 @@ from urllib.parse import urljoin, urlsplit
 
 from raftq.client import _core as core
 from raftq.client import _requests as rq
+from raftq.client import _tls
 from raftq.client._http_sync import SyncHttpPool
 from raftq.client._message import Delivery
 from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome
-from raftq.client.transport import ConnectFailed, HttpError, Transport
+from raftq.client.transport import ConnectFailed, HttpError, TLSFailed, Transport
 
 CONNECT_TIMEOUT = 2.0  # as in the async client: a node that does not accept is taken for down
 
@@ -65,9 +66,18 @@ class Client:
         transport: Transport | None = None,
         http_headers: core.HeadersHook | None = None,
         token: str | None = None,
+        ca: _tls.CA | None = None,
+        cert: str | os.PathLike[str] | None = None,
+        key: str | os.PathLike[str] | None = None,
     ) -> None:
         """``transport``: what sends the HTTP requests (``raftq.client.transport.Transport``;
         by default kept-alive ``http.client`` connections). The client closes it at ``close``.
+
+        ``ca``: for ``https://`` URLs, the CA file (PEM) to verify nodes with, or an
+        ``ssl.SSLContext`` (default: the system's store); ``cert``, ``key``: a client
+        certificate for nodes that require one. They configure the default transport (with
+        ``transport=`` they are an error). A certificate that cannot be verified raises
+        ``TLSError`` at once.
 
         ``http_headers``: extra headers (e.g. ``Authorization``) for every HTTP request the
         client sends: a mapping, or a callable returning one, called anew for each request
@@ -88,7 +98,10 @@ class Client:
         self.producer = core.Producer(producer_id)
         self.fmt = fmt
         if transport is None:
-            transport = SyncHttpPool(connect_timeout=CONNECT_TIMEOUT)
+            ssl_context = _tls.client_context(ca, cert, key)
+            transport = SyncHttpPool(connect_timeout=CONNECT_TIMEOUT, ssl_context=ssl_context)
+        elif ca is not None or cert is not None or key is not None:
+            raise ValueError("ca=, cert= and key= configure the default transport, not transport=")
         self._transport: Transport = transport
         from_env = token is None
         if from_env:
@@ -159,6 +172,8 @@ class Client:
             try:
                 resp = self._transport.request(wire.method, target, headers, wire.body, left)
             except HttpError as e:
+                if isinstance(e, TLSFailed):
+                    raise core.tls_error(target, e) from e
                 if e.stale and fresh_retry:
                     # The server closed an idle kept-alive socket, probably before reading this
                     # request; only a request that is safe to repeat is sent again (else the

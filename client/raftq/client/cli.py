@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from raftq.client._sync import Client
-from raftq.client.errors import RaftqError, TopicNotFound, Unavailable
+from raftq.client.errors import RaftqError, TLSError, TopicNotFound, Unavailable
 
 DEFAULT_URLS = "http://127.0.0.1:8001,http://127.0.0.1:8002,http://127.0.0.1:8003"
 DEV_TOKEN_FILE = os.path.join(".raftq", "admin.token")  # written by raftq cluster up
@@ -45,6 +45,22 @@ def register(sub: Any) -> None:
         default=os.environ.get("RAFTQ_TOKEN_FILE"),
         help=f"read the token from this file (env RAFTQ_TOKEN_FILE; default {DEV_TOKEN_FILE}"
         " when it exists: the one raftq cluster up writes)",
+    )
+    common.add_argument(
+        "--ca",
+        default=os.environ.get("RAFTQ_CA"),
+        help="CA file (PEM) to verify https:// nodes with (env RAFTQ_CA; default: the"
+        " system's store)",
+    )
+    common.add_argument(
+        "--client-cert",
+        default=os.environ.get("RAFTQ_CLIENT_CERT"),
+        help="client certificate (PEM) for nodes that require one (env RAFTQ_CLIENT_CERT)",
+    )
+    common.add_argument(
+        "--client-key",
+        default=os.environ.get("RAFTQ_CLIENT_KEY"),
+        help="its private key, if not in the --client-cert file (env RAFTQ_CLIENT_KEY)",
     )
     common.add_argument("--json", action="store_true", help="print JSON for scripts")
     common.add_argument("--timeout", type=float, default=30.0, help="overall seconds per call")
@@ -184,8 +200,18 @@ def _token(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace, fn: Handler) -> int:
     try:
         token = _token(args)
-        with Client(args.url.split(","), timeout=args.timeout, token=token or "") as client:
+        with Client(
+            args.url.split(","),
+            timeout=args.timeout,
+            token=token or "",
+            ca=args.ca or None,
+            cert=args.client_cert or None,
+            key=args.client_key or None,
+        ) as client:
             return fn(args, client)
+    except TLSError as e:
+        _fail(f"TLS: {e.message}")
+        return EXIT_UNAVAILABLE
     except Unavailable as e:
         _fail(f"cluster unavailable: {e.message}")
         return EXIT_UNAVAILABLE

@@ -23,6 +23,7 @@ class below and sets each entry of ``details`` as an attribute (``TopicFull.max_
     │   ├── ReceiptInvalid              receipt_invalid
     │   └── ReceiptStale                receipt_stale
     ├── Unavailable                     no leader / node unreachable (503); safe to retry
+    │   ├── TLSError                    TLS failed (untrusted certificate...): not retried
     │   └── RaftqTimeout (+TimeoutError) the overall deadline passed
     │       └── UnknownOutcome          the server could not tell whether it was applied
     ├── ProtocolError                   the server answered something this client cannot read
@@ -135,6 +136,16 @@ class Unavailable(RaftqError):
     code = "unavailable"
 
 
+class TLSError(Unavailable):
+    """TLS could not be set up with a node, so nothing was sent: its certificate could not be
+    verified (give the CA that signed it: ``ca=``, ``--ca``), the node refused ours or requires
+    one (``cert=``, ``key=``), or the URL's scheme is not the node's (``http://`` to an HTTPS
+    node or the reverse). The message names the URL. A configuration error, not an outage: the
+    client raises it at once instead of retrying until its timeout."""
+
+    code = "tls_error"
+
+
 class RaftqTimeout(Unavailable, TimeoutError):
     code = "timeout"
 
@@ -179,6 +190,8 @@ BY_CODE.update(
         "route_not_found": NotFound,
         "method_not_allowed": InvalidArgument,
         "upgrade_required": InvalidArgument,
+        "tls_required": TLSError,
+        "client_certificate_required": TLSError,
     }
 )
 

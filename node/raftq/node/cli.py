@@ -3,10 +3,11 @@ dev cluster). Client subcommands are added by ``raftq.client.cli.register`` when
 
 Every ``raftq node`` option has an environment variable (``RAFTQ_ID``, ``RAFTQ_LISTEN``,
 ``RAFTQ_RAFT``, ``RAFTQ_PEERS``, ``RAFTQ_DATA_DIR``, ``RAFTQ_IN_MEMORY``, ``RAFTQ_SECRET``,
-``RAFTQ_INSECURE``, ``RAFTQ_FSYNC``, ``RAFTQ_MAX_BODY``, ``RAFTQ_SHUTDOWN_TIMEOUT``...: the
-flag's name in capitals); a flag wins over the variable. Peers are
-``id=raft_host:port/api_host:port`` separated by commas. A node needs ``--data-dir`` unless
-it is told ``--in-memory`` (nothing survives a restart: tests and demos only).
+``RAFTQ_INSECURE``, ``RAFTQ_TLS_CERT``, ``RAFTQ_FSYNC``, ``RAFTQ_MAX_BODY``,
+``RAFTQ_SHUTDOWN_TIMEOUT``...: the flag's name in capitals); a flag wins over the variable.
+Peers are ``id=raft_host:port/api_host:port`` separated by commas. A node needs
+``--data-dir`` unless it is told ``--in-memory`` (nothing survives a restart: tests and demos
+only).
 """
 
 from __future__ import annotations
@@ -95,6 +96,29 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="/metrics and /openapi.json need a token too (default: open) [RAFTQ_AUTH_OBSERVE]",
     )
     p.add_argument(
+        "--tls-cert",
+        default=_env("TLS_CERT"),
+        help="serve the API over HTTPS only with this PEM certificate (chain), reloaded on"
+        " SIGHUP; needs --tls-key [RAFTQ_TLS_CERT]",
+    )
+    p.add_argument(
+        "--tls-key",
+        default=_env("TLS_KEY"),
+        help="the certificate's PEM private key, unencrypted [RAFTQ_TLS_KEY]",
+    )
+    p.add_argument(
+        "--tls-client-ca",
+        default=_env("TLS_CLIENT_CA"),
+        help="require client certificates signed by this CA (PEM); this node then presents"
+        " its own certificate to the others, so it must allow client use [RAFTQ_TLS_CLIENT_CA]",
+    )
+    p.add_argument(
+        "--tls-ca",
+        default=_env("TLS_CA"),
+        help="the CA (PEM) this node verifies other nodes' certificates with"
+        " [RAFTQ_TLS_CA] (default: the system's store)",
+    )
+    p.add_argument(
         "--fsync",
         choices=["always", "never"],
         default=_env("FSYNC", "always"),
@@ -165,6 +189,10 @@ def _run_node(args: argparse.Namespace) -> int:
             parser.error(f"--admin-token-file: {e.strerror or e}: {args.admin_token_file}")
     if admin_token is not None and len(admin_token) < 16:
         parser.error("the admin token must be at least 16 characters (use raftq token new)")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key (RAFTQ_TLS_CERT, RAFTQ_TLS_KEY) go together")
+    if not args.tls_cert and (args.tls_client_ca or args.tls_ca):
+        parser.error("--tls-client-ca and --tls-ca need --tls-cert and --tls-key (TLS is off)")
     if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         parser.error(f"--log-level (or RAFTQ_LOG_LEVEL): unknown level {args.log_level!r}")
     for flag, value, lo in (
@@ -208,6 +236,10 @@ def _run_node(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         max_inflight=max(1, args.max_inflight),
         batch_linger=max(0.0, args.batch_linger_ms / 1000),
+        tls_cert=args.tls_cert or None,
+        tls_key=args.tls_key or None,
+        tls_client_ca=args.tls_client_ca or None,
+        tls_ca=args.tls_ca or None,
     )
     return asyncio.run(serve(opts))
 

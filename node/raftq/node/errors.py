@@ -40,6 +40,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "route_not_found": 404,
     "method_not_allowed": 405,
     "upgrade_required": 426,  # a plain GET of a WebSocket endpoint
+    "tls_required": 400,  # plain HTTP on a TLS port (answered by raftq.node.httpsite)
+    "client_certificate_required": 401,  # TLS without the client certificate the node requires
     "membership_refused": 409,  # not a member to remove, already one, or a change in progress
     "no_leader": 503,
     "overloaded": 503,

@@ -33,7 +33,7 @@ async def add_member(svc: BrokerService, request: web.Request) -> web.StreamResp
         # cluster of three, adding it and then losing one node stops all writes.
         raise ApiError(
             "membership_refused",
-            f"{node_id} does not answer at http://{api}/healthz; start it first"
+            f"{node_id} does not answer at {svc.settings.url(api)}/healthz; start it first"
             " (with every member as a peer), then add it",
             {"api": api},
         )

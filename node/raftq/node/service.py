@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -61,6 +62,15 @@ class NodeSettings:
     admin_token: str | None = field(default=None, repr=False)
     internal_token: str | None = field(default=None, repr=False)
     auth_observe: bool = False  # /metrics and /openapi.json need a token too
+    # TLS (raftq.node.tlsutil): "https" when the API serves TLS; a cluster is all-TLS or
+    # all-plain, so other nodes are reached with the same scheme, through ``peer_ssl()`` (the
+    # current context: it changes when the certificate is reloaded).
+    scheme: str = "http"
+    peer_ssl: Callable[[], ssl.SSLContext] | None = field(default=None, repr=False, compare=False)
+
+    def url(self, api: str) -> str:
+        """A node's API URL from its advertised ``host:port``."""
+        return f"{self.scheme}://{api}"
 
 
 class Leader(NamedTuple):

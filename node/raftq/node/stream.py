@@ -100,9 +100,9 @@ def _leader_stream(svc: BrokerService, request: web.Request) -> str:
             "upgrade_required", "this endpoint streams over a WebSocket: send Upgrade: websocket"
         )
     if not svc.leads():
-        leader = svc.leader_elsewhere().api
+        leader = svc.settings.url(svc.leader_elsewhere().api)
         raise web.HTTPTemporaryRedirect(
-            f"http://{leader}{request.path_qs}", headers={"X-Raftq-Leader": f"http://{leader}"}
+            leader + request.path_qs, headers={"X-Raftq-Leader": leader}
         )
     fmt: str = query(request)["format"]
     return fmt
