@@ -253,6 +253,11 @@ def add_cluster_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     up.add_argument("--api-port", type=int, default=8001, help="first HTTP port (default 8001)")
     up.add_argument("--raft-port", type=int, default=9001, help="first Raft port (default 9001)")
     up.add_argument("--fsync", choices=["always", "never"], default="always")
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve HTTPS, with a throwaway CA made under --dir/tls (give clients its ca.pem)",
+    )
     up.set_defaults(func=_run_cluster_up)
 
 
@@ -260,7 +265,7 @@ def _run_cluster_up(args: argparse.Namespace) -> int:
     from raftq.node.devcluster import cluster_up
 
     _logging("INFO")
-    return cluster_up(args.nodes, args.dir, args.api_port, args.raft_port, args.fsync)
+    return cluster_up(args.nodes, args.dir, args.api_port, args.raft_port, args.fsync, args.tls)
 
 
 def _logging(level: str) -> None:

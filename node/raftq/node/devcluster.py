@@ -6,7 +6,8 @@ generated bootstrap admin token (``admin.token``; both mode 0600) live under ``-
 Access control is on, as in production: each node gets the admin token through its environment
 (``RAFTQ_ADMIN_TOKEN``, never in argv, which ``ps`` shows), and the ``raftq`` CLI run from the
 directory holding ``.raftq`` reads ``.raftq/admin.token`` by itself. Ctrl-C (or SIGTERM) stops
-every node gracefully (SIGTERM, then SIGKILL after a bound).
+every node gracefully (SIGTERM, then SIGKILL after a bound). With ``--tls`` the nodes serve
+HTTPS with a throwaway CA and certificate made (once) under ``<dir>/tls``; clients get the CA.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -25,8 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from raftq.node.tlsutil import DevCA, make_dev_ca
+
 STOP_TIMEOUT = 25.0
 ADMIN_TOKEN_FILE = "admin.token"  # under --dir; the CLI's default is ./.raftq/admin.token
+TLS_DIR = "tls"  # under --dir: the throwaway CA and node certificate of --tls
 MIN_TOKEN = 16  # what a node accepts as --admin-token
 
 
@@ -111,24 +116,51 @@ def _admin_token(base: Path) -> str:
 
 
 def node_command(
-    me: dict[str, str], layout: list[dict[str, str]], data_dir: Path, fsync: str = "always"
+    me: dict[str, str],
+    layout: list[dict[str, str]],
+    data_dir: Path,
+    fsync: str = "always",
+    tls: DevCA | None = None,
 ) -> list[str]:
     peers = ",".join(f"{n['id']}={n['raft']}/{n['api']}" for n in layout if n["id"] != me["id"])
-    return [
+    cmd = [
         sys.executable, "-m", "raftq.node", "node",
         "--id", me["id"], "--listen", me["api"], "--raft", me["raft"],
         "--peers", peers, "--data-dir", str(data_dir), "--fsync", fsync,
     ]  # fmt: skip
+    if tls is not None:  # (one certificate for every dev node: they all are 127.0.0.1)
+        cmd += [
+            "--tls-cert",
+            str(tls.cert),
+            "--tls-key",
+            str(tls.key),
+            "--tls-ca",
+            str(tls.ca_cert),
+        ]
+    return cmd
 
 
-def get_json(url: str, timeout: float = 1.0, token: str | None = None) -> Any:
-    """GET ``url`` as JSON, sending ``token`` as the bearer credential when given; an error
-    status gives its error body (``{"code", "message", ...}``)."""
+def dev_ca(base: Path) -> DevCA:
+    """The dev cluster's throwaway CA and node certificate under ``base/tls``, made on first
+    use and kept (like the secret), so clients keep trusting the same CA across runs."""
+    out = base / TLS_DIR
+    kept = DevCA(out / "ca.pem", out / "ca.key", out / "node.pem", out / "node.key")
+    if all(p.exists() for p in (kept.ca_cert, kept.cert, kept.key)):
+        return kept
+    return make_dev_ca(out)
+
+
+def get_json(
+    url: str, timeout: float = 1.0, token: str | None = None, ca: Path | None = None
+) -> Any:
+    """GET ``url`` as JSON, sending ``token`` as the bearer credential when given (and
+    trusting the CA ``ca`` for https); an error status gives its error body."""
     req = urllib.request.Request(url)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:
         with e:
@@ -140,6 +172,7 @@ def wait_for_leader(
     timeout: float,
     failed: Callable[[], bool] = lambda: False,
     token: str | None = None,
+    ca: Path | None = None,
 ) -> str | None:
     """The id of a node that says it leads, polling ``GET /cluster`` (which needs a token);
     None after ``timeout`` or once ``failed()``. Raises ``Refused`` if a node refuses
@@ -148,7 +181,8 @@ def wait_for_leader(
     while time.monotonic() < deadline and not failed():
         for api in apis:
             try:
-                st = get_json(f"http://{api}/cluster", 0.5, token)
+                scheme = "http" if ca is None else "https"
+                st = get_json(f"{scheme}://{api}/cluster", 0.5, token, ca)
             except (OSError, ValueError):
                 continue
             if st.get("code") in ("unauthenticated", "forbidden"):
@@ -159,7 +193,9 @@ def wait_for_leader(
     return None
 
 
-def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync: str) -> int:
+def cluster_up(
+    nodes: int, directory: str, api_port: int, raft_port: int, fsync: str, tls: bool = False
+) -> int:
     if not 1 <= nodes <= 9:
         raise SystemExit("--nodes must be between 1 and 9")
     base = Path(directory).resolve()
@@ -175,6 +211,8 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
         return 1
     token = _admin_token(base)
     env = node_env(_secret(base), token)
+    ca = dev_ca(base) if tls else None
+    scheme = "https" if tls else "http"
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
 
@@ -190,7 +228,7 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
             d.mkdir(exist_ok=True)
             log = open(d / "node.log", "ab")  # noqa: SIM115 - handed to the child
             procs[n["id"]] = subprocess.Popen(
-                node_command(n, layout, d, fsync),
+                node_command(n, layout, d, fsync, ca),
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -204,6 +242,7 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
                 30.0,
                 lambda: stopping or any(p.poll() is not None for p in procs.values()),
                 token,
+                None if ca is None else ca.ca_cert,
             )
         except Refused as e:
             print(f"a node refused the admin token of {base}: {e}", file=sys.stderr)
@@ -226,21 +265,29 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
             first = apis[0]
             print(f"raftq cluster of {nodes} is up; leader {leader}; data and logs in {base}")
             for n in layout:
-                print(f"  {n['id']}  http://{n['api']}  (raft {n['raft']})")
+                print(f"  {n['id']}  {scheme}://{n['api']}  (raft {n['raft']})")
             print(_token_note(base, token, off=env.get("RAFTQ_AUTH") == "off"))
-            print("\nTry it (any node works; followers forward to the leader):")
             auth = '-H "Authorization: Bearer $RAFTQ_TOKEN"'
+            if ca is not None:
+                urls = ",".join(f"https://{n['api']}" for n in layout)
+                print(
+                    f"TLS is on, with a throwaway CA made for this cluster ({ca.ca_cert}): "
+                    "give it to clients (ca=, --ca or RAFTQ_CA) with https:// URLs:\n"
+                    f"  export RAFTQ_URL={urls} RAFTQ_CA={ca.ca_cert}"
+                )
+                auth += f" --cacert {ca.ca_cert}"
+            print("\nTry it (any node works; followers forward to the leader):")
             print(f"  export RAFTQ_TOKEN=$(cat {base / ADMIN_TOKEN_FILE})")
-            print(f'  curl -s {auth} -XPOST http://{first}/topics -d \'{{"topic":"orders"}}\'')
+            print(f'  curl -s {auth} -XPOST {scheme}://{first}/topics -d \'{{"topic":"orders"}}\'')
             print(
-                f"  curl -s {auth} -XPOST http://{first}/topics/orders/messages "
+                f"  curl -s {auth} -XPOST {scheme}://{first}/topics/orders/messages "
                 '-d \'{"payload":"aGVsbG8="}\''
             )
             print(
-                f"  curl -s {auth} -XPOST http://{first}/topics/orders/groups/default/receive "
+                f"  curl -s {auth} -XPOST {scheme}://{first}/topics/orders/groups/default/receive "
                 "-d '{\"wait\":5}'"
             )
-            print(f"  curl -s {auth} http://{first}/cluster\n\nCtrl-C stops the cluster.")
+            print(f"  curl -s {auth} {scheme}://{first}/cluster\n\nCtrl-C stops the cluster.")
             sys.stdout.flush()
         while not stopping:
             for nid, p in procs.items():
