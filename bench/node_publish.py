@@ -7,6 +7,7 @@ each: single-message publishes from N concurrent connections to the leader, the 
 follower (one proxy hop), batch publishes of --batch messages, and finally consumers that receive
 up to 100 and ack them in one request. Prints requests/s, messages/s, latency percentiles and the
 mean Raft entry size. The load generator shares the machine: numbers on a 2-core box are noisy.
+Access control is on: the nodes get the fixture's admin token, and every request sends it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.node.cluster_fixture import Cluster
 
 
-async def run(url: str, topic: str, seconds: float, conc: int, batch: int) -> dict[str, float]:
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def run(
+    url: str, topic: str, seconds: float, conc: int, batch: int, token: str
+) -> dict[str, float]:
     payload = base64.b64encode(b"x" * 100).decode()
     if batch > 1:
         path = f"/topics/{topic}/publish"
@@ -49,7 +56,7 @@ async def run(url: str, topic: str, seconds: float, conc: int, batch: int) -> di
             lat.append(time.perf_counter() - t0)
 
     conn = aiohttp.TCPConnector(limit=conc)
-    async with aiohttp.ClientSession(connector=conn) as session:
+    async with aiohttp.ClientSession(connector=conn, headers=bearer(token)) as session:
         t0 = time.monotonic()
         await asyncio.gather(*(worker(session) for _ in range(conc)))
         took = time.monotonic() - t0
@@ -64,7 +71,7 @@ async def run(url: str, topic: str, seconds: float, conc: int, batch: int) -> di
     }
 
 
-async def consume(url: str, topic: str, seconds: float, conc: int, n: int) -> float:
+async def consume(url: str, topic: str, seconds: float, conc: int, n: int, token: str) -> float:
     """Receive up to ``n`` per request and ack them in one request; returns acked msg/s."""
     acked = 0
     stop = time.monotonic() + seconds
@@ -80,14 +87,15 @@ async def consume(url: str, topic: str, seconds: float, conc: int, n: int) -> fl
                 async with session.post(url + "/ack", json={"receipts": receipts}) as r:
                     acked += (await r.json())["acked"]
 
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=bearer(token)) as session:
         t0 = time.monotonic()
         await asyncio.gather(*(worker(session) for _ in range(conc)))
         return acked / (time.monotonic() - t0)
 
 
-async def entry_stats(url: str) -> tuple[float, float]:
-    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+async def entry_stats(url: str, token: str) -> tuple[float, float]:
+    # (/metrics is open unless the node runs with --auth-observe; the token does no harm)
+    async with aiohttp.ClientSession(headers=bearer(token)) as s, s.get(url + "/metrics") as r:
         text = await r.text()
     total = count = 0.0
     for line in text.splitlines():
@@ -114,8 +122,11 @@ async def main() -> None:
             c.start()
             lid = c.wait_leader()
             leader, follower = c.url(lid), c.url(c.followers()[0])
-            async with aiohttp.ClientSession() as s:
-                await s.post(leader + "/topics", json={"topic": "bench"})
+            async with (
+                aiohttp.ClientSession(headers=bearer(c.token)) as s,
+                s.post(leader + "/topics", json={"topic": "bench"}) as r,
+            ):
+                r.raise_for_status()
             cases = [
                 ("single via leader", leader, 1),
                 ("single via follower", follower, 1),
@@ -126,16 +137,16 @@ async def main() -> None:
                 f"{args.concurrency} connections, 100-byte messages"
             )
             for name, url, batch in cases:
-                before = await entry_stats(leader)
-                res = await run(url, "bench", args.seconds, args.concurrency, batch)
-                after = await entry_stats(leader)
+                before = await entry_stats(leader, c.token)
+                res = await run(url, "bench", args.seconds, args.concurrency, batch, c.token)
+                after = await entry_stats(leader, c.token)
                 per_entry = (after[0] - before[0]) / max(1.0, after[1] - before[1])
                 print(
                     f"{name:22s} {res['req_s']:8.0f} req/s {res['msg_s']:9.0f} msg/s  "
                     f"p50 {res['p50_ms']:6.1f} ms  p99 {res['p99_ms']:6.1f} ms  "
                     f"{per_entry:5.1f} commands/entry  errors {res['errors']:.0f}"
                 )
-            rate = await consume(leader, "bench", args.seconds, 8, 100)
+            rate = await consume(leader, "bench", args.seconds, 8, 100, c.token)
             print(f"{'consume+ack via leader':22s} {rate:9.0f} msg/s (8 consumers, max 100)")
         finally:
             c.close()

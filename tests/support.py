@@ -39,3 +39,9 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float, every: float
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
         time.sleep(every)
+
+
+# Access control is on in every test cluster, as in production: nodes get this bootstrap admin
+# token, and clients (RAFTQ_TOKEN, set for the whole test session in tests/conftest.py) send it.
+ADMIN_TOKEN = "rq_admin.test-suite-admin-token-0123456789"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -3,7 +3,9 @@
 Each node listens on its namespace address (API :8000, Raft :9000), has its own data dir that
 survives restarts, and runs in its own process group so kill -9 / SIGSTOP / SIGCONT hit exactly
 that node. ``close()`` kills every process it started (SIGCONT first, so paused ones die too).
-Status helpers are async (aiohttp) so they can run beside the workload.
+Status helpers are async (aiohttp) so they can run beside the workload. Access control is on, as
+in production: every node gets the run's bootstrap admin token (``Cluster.token``) in its
+environment, and every call of the harness (status, metrics, ``client()``) sends it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 
 import aiohttp
 
+from raftq.client import AsyncClient
+from raftq.node.devcluster import new_admin_token
 from raftq_chaos.netns import Net
 
 API_PORT = 8000
@@ -31,6 +35,10 @@ RAFT_PORT = 9000
 
 class NodeExited(RuntimeError):
     """A node process we wait for is gone: waiting longer cannot help."""
+
+
+class Refused(RuntimeError):
+    """A node refused the harness's token (401 / 403): a broken setup, not a fault."""
 
 
 @dataclass
@@ -70,6 +78,7 @@ class Cluster:
         self.root = root
         self.fsync = fsync
         self.secret = secrets.token_urlsafe(16)
+        self.token = new_admin_token()  # the nodes' bootstrap admin token; the harness's
         self.nodes = {
             nid: Node(nid, net.ip[nid], root / nid) for nid in net.node_ids
         }  # fmt: skip
@@ -100,7 +109,14 @@ class Cluster:
         with node.log.open("ab") as log:
             log.write(f"---- start {node.starts + 1} at {time.time():.3f}\n".encode())
             log.flush()
-            env = dict(os.environ, RAFTQ_SECRET=self.secret, PYTHONUNBUFFERED="1")
+            # (the token in the environment, never in argv: ps shows that)
+            env = dict(
+                os.environ,
+                RAFTQ_SECRET=self.secret,
+                RAFTQ_ADMIN_TOKEN=self.token,
+                PYTHONUNBUFFERED="1",
+            )
+            env.pop("RAFTQ_ADMIN_TOKEN_FILE", None)
             chaos_root = str(Path(__file__).resolve().parents[1])
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (chaos_root, os.environ.get("PYTHONPATH")) if p
@@ -173,9 +189,13 @@ class Cluster:
 
     # ------------------------------------------------------------------ status (async)
 
+    def client(self, urls: list[str] | None = None, **kw: Any) -> AsyncClient:
+        """A client of this cluster (every node by default), with the admin token."""
+        return AsyncClient(self.urls if urls is None else urls, token=self.token, **kw)
+
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"})
         return self._session
 
     async def aclose(self) -> None:
@@ -195,6 +215,8 @@ class Cluster:
                 timeout=aiohttp.ClientTimeout(total=timeout),
                 headers={"Accept": "application/json"},
             ) as r:
+                if r.status in (401, 403):
+                    raise Refused(f"{nid} refused the harness's token: {await r.text()}")
                 if r.status != 200:
                     return None
                 body: dict[str, Any] = await r.json()
@@ -258,7 +280,7 @@ class Cluster:
                 if value:
                     return value
                 last = value
-            except NodeExited:
+            except (NodeExited, Refused):
                 raise
             except Exception as e:
                 last = e

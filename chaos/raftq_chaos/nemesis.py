@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from raftq.client import AsyncClient, RaftqError
+from raftq.client import RaftqError
 from raftq_chaos.cluster import Cluster
 from raftq_chaos.history import History
 
@@ -193,7 +193,7 @@ class Nemesis:
                 return False
             if (nid in st.get("members", {})) == add:
                 return True
-            async with AsyncClient(others, timeout=10) as cl:
+            async with c.client(others, timeout=10) as cl:
                 try:
                     if add:
                         await cl.add_member(nid, node.raft, node.api)

@@ -285,7 +285,7 @@ async def _run(scenario: Scenario, cluster: Cluster, history: History, report: R
     await cluster.wait_leader(30)
     history.note("cluster-up", process="runner")
 
-    wl = Workload(cluster.urls, history, wcfg)
+    wl = Workload(cluster.urls, history, wcfg, token=cluster.token)
     faults = list(scenario.faults)
     if scenario.randomize:
         n_faults = max(

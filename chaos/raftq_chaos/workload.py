@@ -15,6 +15,8 @@
 - a dead-letter consumer acks what reaches the dead-letter topic;
 - ``drain`` (after healing) receives and acks (poison: nacks) until both groups are empty.
 
+Every client sends ``Workload.token`` (the cluster's admin token; None: ``RAFTQ_TOKEN``).
+
 Outcome rules: a definite domain error is ``fail``; anything else (unavailable, timeouts,
 unknown outcome, a stale receipt that may come from a retried settle) is ``info``. A consumer
 whose receive ends badly switches to a new consumer id (the node may release the old one).
@@ -77,13 +79,14 @@ class Workload:
     cfg: WorkloadConfig
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     stats: dict[str, int] = field(default_factory=dict)
+    token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.cfg.seed)
         self._clients: list[AsyncClient] = []
 
     def client(self) -> AsyncClient:
-        c = AsyncClient(self.urls, timeout=self.cfg.client_timeout)
+        c = AsyncClient(self.urls, timeout=self.cfg.client_timeout, token=self.token)
         self._clients.append(c)
         return c
 

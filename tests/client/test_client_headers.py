@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from tests.node.inprocess import app as inprocess_app
 
 from raftq.client import AsyncClient
-from raftq.node.app import build_app
 from raftq.node.local import LocalRaft
 
 # (method, path, Authorization or None) of every request a server got
@@ -54,7 +54,9 @@ def follower_of(leader: str) -> web.Application:
 @pytest.fixture
 async def cluster() -> AsyncIterator[tuple[str, Seen, str, Seen]]:
     """A leader (a real node with topic ``t`` and group ``g``) and a follower on another port."""
-    async with serve(build_app(LocalRaft())) as (leader, at_leader):
+    # (access control off: these tokens are made up, to tell the hops apart; what a node
+    # does with them is tested in tests/node/test_auth.py)
+    async with serve(inprocess_app(LocalRaft(), auth=False)) as (leader, at_leader):
         async with AsyncClient(leader, publish_stream=False) as setup:
             await setup.create_topic("t")
             await setup.create_group("t", "g", start="earliest")

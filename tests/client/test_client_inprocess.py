@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
+from tests.node.inprocess import app as inprocess_app
 
 from raftq.client import (
     AsyncClient,
@@ -23,7 +24,6 @@ from raftq.client import (
     TopicNotFound,
 )
 from raftq.client.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE
-from raftq.node.app import NodeSettings, build_app
 from raftq.node.cli import main as cli_main
 from raftq.node.local import LocalRaft
 
@@ -35,7 +35,7 @@ def name() -> str:
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[LocalRaft, str]]:
     raft = LocalRaft()
-    srv = TestServer(build_app(raft, NodeSettings()), host="127.0.0.1")
+    srv = TestServer(inprocess_app(raft), host="127.0.0.1")
     await srv.start_server()
     try:
         yield raft, f"http://127.0.0.1:{srv.port}"
@@ -259,5 +259,35 @@ async def test_cli_commands_tables_json_and_exit_codes(server: tuple[LocalRaft, 
         with pytest.raises(SystemExit) as usage:
             run_cli("publish", topic, "--nope", "x", "--url", url)
         assert usage.value.code == 2
+
+    await asyncio.to_thread(work)
+
+
+async def test_cli_token_commands_and_a_token_of_ones_own(server: tuple[LocalRaft, str]) -> None:
+    _, url = server
+    topic = name()
+
+    def work() -> None:
+        assert run_cli("topic", "create", topic, "--url", url)[0] == EXIT_OK
+        code, out, _ = run_cli(
+            "token", "create", "cli-pub", "--grant", f"{topic}=publish", "--url", url, "--json"
+        )
+        made = json.loads(out)
+        assert code == EXIT_OK and made["token"].startswith("rq_")
+        code, out, _ = run_cli("token", "list", "--url", url)
+        assert code == EXIT_OK and "cli-pub" in out and f"{topic}=publish" in out
+        assert made["token"].split(".")[1] not in out  # a secret is shown once, at create
+        # The new token publishes to its topic, and may not look at another one.
+        mine = ("--url", url, "--token", made["token"])
+        assert run_cli("publish", topic, "hi", *mine)[0] == EXIT_OK
+        code, _, err = run_cli("topic", "show", "somebody-elses", *mine)
+        assert code == EXIT_REFUSED and err.startswith("raftq: forbidden")
+        code, out, _ = run_cli("token", "show", "cli-pub", "--url", url, "--json")
+        assert json.loads(out)["id"] == made["id"] and "hash" not in json.loads(out)
+        assert run_cli("token", "revoke", "cli-pub", "--url", url)[0] == EXIT_OK
+        code, _, err = run_cli("publish", topic, "again", *mine)
+        assert code == EXIT_REFUSED and err.startswith("raftq: unauthenticated")
+        code, out, _ = run_cli("token", "new")
+        assert code == EXIT_OK and out.startswith("rq_admin.") and len(out.strip()) > 40
 
     await asyncio.to_thread(work)

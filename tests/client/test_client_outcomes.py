@@ -16,10 +16,10 @@ import msgpack
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from tests.node.inprocess import app as inprocess_app
 
 from raftq.client import AsyncClient, Client, RaftqTimeout, UnknownOutcome
 from raftq.client._async import _Stream
-from raftq.node.app import NodeSettings, build_app
 from raftq.node.local import LocalRaft
 
 # script(n, connection, request line, body) -> bytes to answer, None to close unanswered,
@@ -291,7 +291,7 @@ def test_a_stream_to_a_node_that_never_answers_gives_up_in_time() -> None:
 
 async def test_close_sends_what_publish_nowait_accepted() -> None:
     raft = LocalRaft()
-    srv = TestServer(build_app(raft, NodeSettings()), host="127.0.0.1")
+    srv = TestServer(inprocess_app(raft), host="127.0.0.1")
     await srv.start_server()
     try:
         url = f"http://127.0.0.1:{srv.port}"

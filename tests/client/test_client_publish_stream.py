@@ -15,12 +15,12 @@ import msgpack
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from tests.node.inprocess import app as inprocess_app
 
 from raftq.client import AsyncClient, TopicNotFound
 from raftq.client._async import CLOSE_TIMEOUT, _Stream, _StreamClosed
 from raftq.client._core import JSON
 from raftq.client.errors import error_from_body
-from raftq.node.app import build_app
 from raftq.node.errors import STATUS_BY_CODE
 from raftq.node.local import LocalRaft
 
@@ -57,7 +57,7 @@ async def serve(app: web.Application) -> AsyncIterator[tuple[str, list[str]]]:
 @pytest.fixture
 async def node() -> AsyncIterator[tuple[LocalRaft, str, list[str]]]:
     raft = LocalRaft()
-    async with serve(build_app(raft)) as (url, seen):
+    async with serve(inprocess_app(raft)) as (url, seen):
         yield raft, url, seen
 
 

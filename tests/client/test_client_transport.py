@@ -111,6 +111,12 @@ def error(status: int, code: str) -> Response:
     return reply(status, {"code": code, "message": code, "details": {}})
 
 
+@pytest.fixture(autouse=True)
+def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the headers a client sends: no RAFTQ_TOKEN from the suite."""
+    monkeypatch.delenv("RAFTQ_TOKEN", raising=False)
+
+
 TOPICS = {"topics": ["a"]}
 CREATED = {"topic": "t"}
 NO_LEADER = error(503, "no_leader")
@@ -456,3 +462,26 @@ def test_without_a_hook_the_requests_carry_only_the_clients_headers() -> None:
             "Accept": "application/msgpack",
             "Content-Type": "application/msgpack",
         }
+
+
+def test_token_is_sent_as_a_bearer_header_on_every_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for got, t, _ in run_both(
+        lambda c: c.list_topics(), api, token="rq_ab.s3cret-0123456789abcdef"
+    ):
+        assert got == ["t"]
+        assert t.calls[0].headers["Authorization"] == "Bearer rq_ab.s3cret-0123456789abcdef"
+    monkeypatch.setenv("RAFTQ_TOKEN", "rq_env.from-the-environment-000")
+    for _, t, _ in run_both(lambda c: c.list_topics(), api):
+        assert t.calls[0].headers["Authorization"] == "Bearer rq_env.from-the-environment-000"
+    for _, t, _ in run_both(lambda c: c.list_topics(), api, token=""):
+        assert "Authorization" not in t.calls[0].headers  # "": none, whatever the environment
+    # An explicit hook's Authorization wins over the environment's; with token= it clashes.
+    hook = {"Authorization": "Bearer rq_hook.from-the-hook-0000000"}
+    for _, t, _ in run_both(lambda c: c.list_topics(), api, http_headers=hook):
+        assert t.calls[0].headers["Authorization"] == hook["Authorization"]
+    with pytest.raises(ValueError, match="token="):
+        Client(N1, token="rq_ab.s3cret-0123456789abcdef", http_headers=hook)
+    with pytest.raises(ValueError, match="not a header value"):
+        Client(N1, token="rq_ab.x\r\nX-Evil: 1")

@@ -45,6 +45,12 @@ TABLE: dict[str, tuple[Callable[[], core.Request], str, bool, bool]] = {
     "release": (lambda: rq.release("c1"), "POST", True, False),
     "peek": (lambda: rq.peek("t", None, 10), "GET", True, False),
     "redrive": (lambda: rq.redrive("t", 100), "POST", False, False),
+    # a resent create could make a second token, and the first one's secret would be lost
+    "create_token": (lambda: rq.create_token("ci", [], False, None), "POST", False, False),
+    "list_tokens": (lambda: rq.list_tokens(), "GET", True, False),
+    "token": (lambda: rq.token("abc"), "GET", True, False),
+    "update_token": (lambda: rq.update_token("abc", {"disabled": True}), "PATCH", True, False),
+    "revoke_token": (lambda: rq.revoke_token("abc"), "DELETE", True, False),
 }
 
 

@@ -3,7 +3,9 @@
 The image is built once per session by ``deploy/build-image.sh`` (offline: wheels from this
 checkout, and a base image made with mmdebstrap when no registry answers). Tests talk to the
 containers over their addresses on a private Docker network this fixture creates and removes.
-Without a Docker daemon these tests are skipped; in CI the daemon is there and they run.
+Access control is on: the nodes get the suite's admin token (``tests.support.ADMIN_TOKEN``) in
+their environment, and ``http_json`` and the clients (``RAFTQ_TOKEN``) send it. Without a Docker
+daemon these tests are skipped; in CI the daemon is there and they run.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support import ADMIN_TOKEN
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its image cannot be pulled here
 
@@ -50,12 +54,17 @@ def image() -> str:
     return IMAGE
 
 
-def http_json(url: str, timeout: float = 2.0) -> tuple[int, Any]:
+def http_json(url: str, timeout: float = 2.0, token: str | None = ADMIN_TOKEN) -> tuple[int, Any]:
+    """GET ``url`` with ``token`` as the bearer credential (None: none); (status, JSON)."""
+    req = urllib.request.Request(url)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as e:
-        return e.code, None
+        with e:
+            return e.code, None
     except (OSError, ValueError):  # unreachable (stopped, paused or cut off) or garbled
         return 0, None
 
@@ -104,7 +113,9 @@ class ContainerCluster:
     def ready(self, names: list[str] | None = None, timeout: float = 60.0) -> None:
         for n in names or sorted(self.nodes):
             wait_for(
-                lambda n=n: http_json(self.url(n) + "/readyz")[0] == 200, timeout, f"{n} ready"
+                lambda n=n: http_json(self.url(n) + "/readyz", token=None)[0] == 200,
+                timeout,
+                f"{n} ready",
             )
 
     def leader(self, timeout: float = 30.0, exclude: str | None = None) -> str:
@@ -164,6 +175,7 @@ def start_cluster(image: str, n: int = 3) -> ContainerCluster:
             .with_env("RAFTQ_ADVERTISE", f"{ips[name]}:8000")
             .with_env("RAFTQ_PEERS", peers)
             .with_env("RAFTQ_SECRET", secret)
+            .with_env("RAFTQ_ADMIN_TOKEN", ADMIN_TOKEN)
             .with_volume_mapping(volume, "/data", "rw")
             .with_kwargs(
                 init=True,

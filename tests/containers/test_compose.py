@@ -14,6 +14,7 @@ import pytest
 
 from raftq.client import Client
 from tests.containers.conftest import ROOT, http_json, wait_for
+from tests.support import ADMIN_TOKEN
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +39,7 @@ def compose(image: str) -> Iterator[list[str]]:
         os.environ,
         RAFTQ_IMAGE=image,
         RAFTQ_SECRET=secrets.token_hex(16),
+        RAFTQ_ADMIN_TOKEN=ADMIN_TOKEN,
         **{f"RAFTQ_PORT_N{i + 1}": str(p) for i, p in enumerate(ports)},
     )
     base = [*compose_cmd(), "-p", project, "-f", str(ROOT / "docker-compose.yml")]
@@ -56,9 +58,13 @@ def compose(image: str) -> Iterator[list[str]]:
 
 def test_compose_cluster_publishes_and_consumes(compose: list[str]) -> None:
     for url in compose:
-        wait_for(lambda url=url: http_json(url + "/readyz")[0] == 200, 90, f"{url} ready")
+        wait_for(
+            lambda url=url: http_json(url + "/readyz", token=None)[0] == 200, 90, f"{url} ready"
+        )
+    # Access control is on: no token, no answer; the compose file's admin token is accepted.
+    assert http_json(compose[0] + "/cluster", token=None)[0] == 401
     topic = f"t-{uuid.uuid4().hex[:8]}"
-    with Client(compose) as c:
+    with Client(compose, token=ADMIN_TOKEN) as c:
         c.create_topic(topic)
         seqs = c.publish_batch(topic, [b"one", b"two", b"three"])
         got = []

@@ -97,13 +97,16 @@ def test_peers_name_every_replica_by_its_stable_dns_name(docs: dict[str, Any]) -
 
 
 def test_secret_and_volume_references_resolve(docs: dict[str, Any]) -> None:
-    # The secret comes from a file the operator creates (never a committed placeholder).
-    ref = env(docs)["RAFTQ_SECRET"]["secretKeyRef"]
+    # The secret and the admin token come from a file the operator creates (never a committed
+    # placeholder), through the one generated Secret.
     kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     [gen] = kust["secretGenerator"]
-    assert gen["name"] == ref["name"] and kust["generatorOptions"]["disableNameSuffixHash"]
     assert gen["envs"] == ["secret.env"] and not (K8S / "secret.env").exists()
-    assert ref["key"] == "secret"
+    assert kust["generatorOptions"]["disableNameSuffixHash"]
+    for var, key in (("RAFTQ_SECRET", "secret"), ("RAFTQ_ADMIN_TOKEN", "admin-token")):
+        ref = env(docs)[var]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == (gen["name"], key), var
+        assert f"{key}=" in (K8S / "kustomization.yaml").read_text()  # (how to write it)
     mounts = {m["name"]: m["mountPath"] for m in container(docs)["volumeMounts"]}
     claims = [
         c["metadata"]["name"] for c in docs["StatefulSet/raftq"]["spec"]["volumeClaimTemplates"]
@@ -111,12 +114,31 @@ def test_secret_and_volume_references_resolve(docs: dict[str, Any]) -> None:
     assert mounts[claims[0]] == env(docs)["RAFTQ_DATA_DIR"]
 
 
+def test_the_admin_token_comes_from_the_secret_and_nowhere_else(docs: dict[str, Any]) -> None:
+    c = container(docs)
+    admin = [e for e in c["env"] if e["name"] in ("RAFTQ_ADMIN_TOKEN", "RAFTQ_ADMIN_TOKEN_FILE")]
+    assert [e["name"] for e in admin] == ["RAFTQ_ADMIN_TOKEN"]
+    assert "value" not in admin[0]  # never a literal in the manifest
+    assert not any("--admin-token" in a for a in c.get("args", []) + c.get("command", []))
+    assert env(docs).get("RAFTQ_AUTH", "on") != "off"  # access control stays on
+
+
+def test_the_readme_says_how_to_write_secret_env() -> None:
+    readme = (K8S.parents[1] / "README.md").read_text()
+    assert "secret=" in readme and "admin-token=" in readme and "deploy/k8s/secret.env" in readme
+
+
 def test_probes_hit_routes_the_node_serves(docs: dict[str, Any]) -> None:
-    from raftq.node.app import build_app
+    from raftq.node.app import all_routes, build_app
+    from raftq.node.auth import PUBLIC
 
     app = build_app(LocalRaft())
     paths = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
+    public = {r.path for r in all_routes() if r.perm is not None and r.perm.action == PUBLIC}
     c = container(docs)
+    # Kubelet probes send no token: they must hit routes that need none.
+    for probe in ("readinessProbe", "startupProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"] in public, probe
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" in paths
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" in paths
     assert c["readinessProbe"]["httpGet"]["port"] == "http"

@@ -2,7 +2,9 @@
 
 ``Cluster(tmp_path, n)`` allocates free ports, starts each node (``python -m raftq.node node``) in
 its own process group with its own data dir and log file, and ``close()`` stops every process it
-started (SIGTERM, then SIGKILL of the group). Pytest fixtures ``cluster3`` (per test) and
+started (SIGTERM, then SIGKILL of the group). Access control is on: every node gets the bootstrap
+admin token ``Cluster.token`` (``tests.support.ADMIN_TOKEN`` by default) in its environment, and
+``http()`` sends it unless told otherwise. Pytest fixtures ``cluster3`` (per test) and
 ``shared_cluster3`` (per module) are defined in ``tests/node/conftest.py``.
 """
 
@@ -20,17 +22,27 @@ import urllib.request
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.support import ADMIN_TOKEN
 from tests.support import free_ports as free_ports
 from tests.support import wait_for as wait_for
 
 T = TypeVar("T")
 
 
-def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:
-    """One JSON request; returns (status, decoded JSON body, or raw bytes when not JSON)."""
+def http(
+    method: str,
+    url: str,
+    body: Any = None,
+    timeout: float = 10.0,
+    token: str | None = ADMIN_TOKEN,
+) -> tuple[int, Any]:
+    """One JSON request, with ``token`` as its bearer credential (None: no Authorization
+    header); returns (status, decoded JSON body, or raw bytes when not JSON)."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Content-Type", "application/json")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw = r.read()
@@ -65,13 +77,19 @@ class Node:
 
 class Cluster:
     def __init__(
-        self, root: Path, n: int = 3, fsync: str = "never", extra_args: list[str] | None = None
+        self,
+        root: Path,
+        n: int = 3,
+        fsync: str = "never",
+        extra_args: list[str] | None = None,
+        token: str = ADMIN_TOKEN,
     ) -> None:
         self.extra_args = list(extra_args or [])
         ports = free_ports(2 * n)
         self.root = root
         self.fsync = fsync
         self.secret = secrets.token_urlsafe(16)
+        self.token = token  # every node's bootstrap admin token
         self.nodes: dict[str, Node] = {}
         for i in range(n):
             nid = f"n{i + 1}"
@@ -95,7 +113,11 @@ class Cluster:
         node = self.nodes[nid]
         assert not node.alive
         log = open(node.log, "ab")  # noqa: SIM115 - handed to the child
-        env = dict(os.environ, RAFTQ_SECRET=self.secret, PYTHONUNBUFFERED="1")
+        # The admin token goes in the environment, never in argv (which ps shows).
+        env = dict(
+            os.environ, RAFTQ_SECRET=self.secret, RAFTQ_ADMIN_TOKEN=self.token, PYTHONUNBUFFERED="1"
+        )
+        env.pop("RAFTQ_ADMIN_TOKEN_FILE", None)
         node.proc = subprocess.Popen(
             self.command(node), stdout=log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True,
@@ -106,7 +128,7 @@ class Cluster:
     def _healthy(self, node: Node) -> bool:
         if not node.alive:
             raise AssertionError(f"{node.id} exited:\n{self.tail(node.id)}")
-        return http("GET", node.url + "/healthz", timeout=1)[0] == 200
+        return http("GET", node.url + "/healthz", timeout=1, token=None)[0] == 200
 
     def start(self) -> Cluster:
         for nid in self.nodes:
@@ -169,7 +191,7 @@ class Cluster:
     # ------------------------------------------------------------------ cluster state
 
     def status(self, nid: str) -> dict[str, Any]:
-        code, body = http("GET", self.nodes[nid].url + "/cluster", timeout=2)
+        code, body = http("GET", self.nodes[nid].url + "/cluster", timeout=2, token=self.token)
         assert code == 200, body
         result: dict[str, Any] = body
         return result

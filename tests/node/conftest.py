@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from raftq.node.app import NodeSettings, build_app
 from raftq.node.local import LocalRaft
 from tests.node.cluster_fixture import Cluster
+from tests.node.inprocess import admin_client, app
 
 Client = TestClient[web.Request, web.Application]
 
@@ -18,7 +18,7 @@ Client = TestClient[web.Request, web.Application]
 async def node() -> AsyncIterator[tuple[LocalRaft, Client]]:
     """One in-process node (a 64 KiB body limit, to test it cheaply) and a client of it."""
     raft = LocalRaft()
-    async with TestClient(TestServer(build_app(raft, NodeSettings(max_body=64 * 1024)))) as c:
+    async with admin_client(app(raft, max_body=64 * 1024)) as c:
         yield raft, c
 
 
@@ -26,10 +26,10 @@ async def node() -> AsyncIterator[tuple[LocalRaft, Client]]:
 async def leader_and_follower() -> AsyncIterator[tuple[LocalRaft, Client, LocalRaft, Client]]:
     """Two in-process nodes: n1 leads, n2 follows it (and forwards to it)."""
     leader = LocalRaft("n1")
-    async with TestClient(TestServer(build_app(leader))) as lc:
+    async with admin_client(app(leader)) as lc:
         follower = LocalRaft("n2")
         follower.set_follower("n1", f"{lc.host}:{lc.port}")
-        async with TestClient(TestServer(build_app(follower, NodeSettings(node_id="n2")))) as fc:
+        async with admin_client(app(follower, node_id="n2")) as fc:
             yield leader, lc, follower, fc
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import msgpack
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 
 from raftq.cluster.errors import ERRORS_BY_CODE
 from raftq.cluster.state import Broker
@@ -26,7 +26,8 @@ from raftq.node.raftapi import (
     ReadNotReady,
     UnknownOutcome,
 )
-from tests.node.inprocess import Client
+from tests.node.inprocess import Client, admin_client, app
+from tests.support import ADMIN
 
 
 def b64(data: bytes) -> str:
@@ -230,9 +231,9 @@ async def test_dropped_long_poll_connection_releases_its_deliveries(
 
 async def test_shutdown_answers_waiting_long_polls_at_once() -> None:
     raft = LocalRaft()
-    server = TestServer(build_app(raft))
+    server = TestServer(app(raft))
     await server.start_server()
-    async with aiohttp.ClientSession(str(server.make_url(""))) as session:
+    async with aiohttp.ClientSession(str(server.make_url("")), headers=ADMIN) as session:
         topic = name()
         r = await session.post("/topics", json={"topic": topic})
         assert r.status == 201
@@ -386,10 +387,10 @@ class DeposedRaft(LocalRaft):
 
 async def test_leadership_lost_mid_request_is_forwarded_to_the_new_leader() -> None:
     new = LocalRaft("n2")
-    async with TestClient(TestServer(build_app(new))) as nc:
+    async with admin_client(app(new)) as nc:
         old = DeposedRaft("n1")
         old.new_api = f"{nc.host}:{nc.port}"
-        async with TestClient(TestServer(build_app(old))) as oc:
+        async with admin_client(app(old)) as oc:
             topic = await make_topic(nc)
             hdr = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
             body = msgpack.packb({"payload": b"moved"})
@@ -432,8 +433,8 @@ async def test_cluster_endpoint_describes_the_node(node: tuple[LocalRaft, Client
 async def test_metrics_carry_the_raft_bindings_own_counters() -> None:
     raft = LocalRaft()
     raft.stats = {"syncs": 7, "sync_us": 1234, "flag": True, "name": "x"}  # type: ignore[attr-defined]
-    app = build_app(raft)
-    text = app[SERVICE].metrics.render().decode()
+    application = build_app(raft)
+    text = application[SERVICE].metrics.render().decode()
     assert "raftq_raft_stat_syncs 7.0" in text and "raftq_raft_stat_sync_us 1234.0" in text
     assert "raftq_raft_stat_flag" not in text and "raftq_raft_stat_name" not in text
 
@@ -503,9 +504,9 @@ async def test_many_long_polls_one_message_exactly_one_gets_it(
 
 async def test_shutdown_ends_open_streams_and_releases_their_deliveries() -> None:
     raft = LocalRaft()
-    server = TestServer(build_app(raft))
+    server = TestServer(app(raft))
     await server.start_server()
-    async with aiohttp.ClientSession(str(server.make_url(""))) as session:
+    async with aiohttp.ClientSession(str(server.make_url("")), headers=ADMIN) as session:
         topic = name()
         await session.post("/topics", json={"topic": topic})
         await session.post(f"/topics/{topic}/messages", json={"payload": b64(b"s")})

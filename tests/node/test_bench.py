@@ -1,13 +1,17 @@
-"""``raftq bench``'s NATS rounds and ratios, against a fake anchor directory (no NATS here)."""
+"""``raftq bench``: its NATS rounds and ratios, against a fake anchor directory (no NATS here),
+and its local cluster, which runs with access control on."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from raftq.node.bench import Nats, per_round, ratios, summarize
+from raftq.node.bench import LocalCluster, Nats, Results, per_round, ratios, run_cases, summarize
 
 FAKE_BENCH = """
 import json, os, sys, time
@@ -57,3 +61,29 @@ def test_a_nats_side_that_fails_ends_the_bench_naming_the_extra(tmp_path: Path) 
     with pytest.raises(SystemExit, match=r"pip install -e '\.\[bench\]'"):
         anchor.start()
     anchor.stop()
+
+
+@pytest.mark.slow
+def test_the_local_cluster_hands_its_own_token_to_its_nodes_and_clients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for var in ("RAFTQ_TOKEN", "RAFTQ_ADMIN_TOKEN"):  # (the suite's: not what the bench uses)
+        monkeypatch.delenv(var, raising=False)
+    cl = LocalCluster("never")
+    try:
+        cl.start()
+        leader = cl.leader()
+        for p in cl.procs.values():  # given in the environment, not in argv (ps shows that)
+            assert cl.token.encode() not in Path(f"/proc/{p.pid}/cmdline").read_bytes()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(cl.url_of(leader) + "/cluster", timeout=5)
+        assert e.value.code == 401
+        e.value.close()
+        args = argparse.Namespace(cases="a,f", runs=1, sizes="100", secs=0.3, n=10, window=10)
+        res = Results()
+        asyncio.run(run_cases(cl, args, res))
+        assert [r["case"][:3] for r in res.rows] == ["(a)", "(f)"]
+        assert res.rows[0]["n"] > 0
+        assert set(cl.raft_stats()) <= {n["id"] for n in cl.layout}
+    finally:
+        cl.stop()

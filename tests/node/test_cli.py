@@ -137,18 +137,26 @@ def test_cluster_up_starts_stops_and_resumes_with_its_data(tmp_path: Path) -> No
 
     url = f"http://127.0.0.1:{api}"
     proc, out = up(1)
+    token = (tmp_path / ".raftq" / "admin.token").read_text().strip()
     try:
         text = out.read_text()
         assert f"http://127.0.0.1:{api + 2}" in text and "curl" in text
-        assert http("POST", url + "/topics", {"topic": "kept"})[0] == 201
-        assert http("POST", url + "/topics/kept/messages", {"payload": "aGk="})[0] == 200
+        assert http("POST", url + "/topics", {"topic": "kept"}, token=token)[0] == 201
+        assert (
+            http("POST", url + "/topics/kept/messages", {"payload": "aGk="}, token=token)[0] == 200
+        )
+        # its own token, not the suite's (which the environment also holds)
+        assert http("GET", url + "/cluster")[0] == 401
     finally:
         down(proc, out)
-    assert (tmp_path / ".raftq" / "secret").stat().st_mode & 0o077 == 0
+    for kept in ("secret", "admin.token"):
+        assert (tmp_path / ".raftq" / kept).stat().st_mode & 0o077 == 0
 
     proc, out = up(2)
     try:
-        code, got = http("POST", url + "/topics/kept/groups/default/receive", {"wait": 5})
+        assert (tmp_path / ".raftq" / "admin.token").read_text().strip() == token  # reused
+        body = {"wait": 5}
+        code, got = http("POST", url + "/topics/kept/groups/default/receive", body, token=token)
         assert code == 200, got
         assert [base64.b64decode(d["payload"]) for d in got["deliveries"]] == [b"hi"]
     finally:
@@ -172,3 +180,154 @@ def test_cluster_up_fails_fast_when_a_node_cannot_start(tmp_path: Path) -> None:
     # cluster's leader on those ports (the same --dir started twice) and report "up".
     assert b"already in use" in proc.stderr
     assert not list((tmp_path / ".raftq").glob("n1/node.log"))
+
+
+def _without_tokens() -> dict[str, str]:
+    """Our environment without the suite's tokens: what a developer's shell holds."""
+    env = dict(os.environ)
+    for var in ("RAFTQ_TOKEN", "RAFTQ_TOKEN_FILE", "RAFTQ_ADMIN_TOKEN", "RAFTQ_ADMIN_TOKEN_FILE"):
+        env.pop(var, None)
+    return env
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:  # (the field after the state is the parent's pid)
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.slow
+def test_cluster_up_hands_out_a_token_that_the_cli_run_there_finds(tmp_path: Path) -> None:
+    """The README's quick start: ``make run``, then the CLI from the same directory, with no
+    token set anywhere: ``cluster up`` writes .raftq/admin.token and the CLI reads it."""
+    api, raft = _consecutive_free_ports(3), _consecutive_free_ports(3)
+    env = _without_tokens()
+    out = tmp_path / "out.txt"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raftq.node", "cluster", "up", "--nodes", "3",
+             "--api-port", str(api), "--raft-port", str(raft), "--fsync", "never"],
+            stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path, env=env, start_new_session=True,
+        )  # fmt: skip
+    urls = ",".join(f"http://127.0.0.1:{api + i}" for i in range(3))
+
+    def cli(
+        *args: str, cwd: Path = tmp_path, stdin: bytes = b""
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "raftq.node", *args, "--url", urls],
+            input=stdin.decode(), capture_output=True, text=True, cwd=cwd, env=env, timeout=60,
+        )  # fmt: skip
+
+    try:
+        wait_for("the cluster to come up", lambda: b"Try it" in out.read_bytes(), 60, 0.1)
+        path = tmp_path / ".raftq" / "admin.token"
+        token = path.read_text().strip()
+        assert token.startswith("rq_admin.") and len(token) >= 40
+        assert path.stat().st_mode & 0o077 == 0
+        text = out.read_text()
+        assert token in text and "finds it" in text and "RAFTQ_TOKEN" in text
+        nodes = _children(proc.pid)
+        assert len(nodes) == 3
+        for pid in nodes:  # the token reaches the nodes by their environment, not argv
+            assert token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert (
+                f"RAFTQ_ADMIN_TOKEN={token}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+            )
+
+        done = cli("status")
+        assert done.returncode == 0 and "leader" in done.stdout, done.stderr
+        assert cli("topic", "create", "orders").returncode == 0
+        done = cli("publish", "orders", stdin=b"1\n2\n3\n")
+        assert done.returncode == 0, done.stderr
+        done = cli("consume", "orders", "--count", "3")
+        assert (done.returncode, done.stdout.split()) == (0, ["1", "2", "3"]), done.stderr
+        # Elsewhere, with no token at all, the cluster refuses the CLI.
+        (tmp_path / "elsewhere").mkdir()
+        done = cli("status", cwd=tmp_path / "elsewhere")
+        assert done.returncode == 1 and "token" in done.stderr, done.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            assert proc.wait(40) == 0, out.read_text()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+@pytest.mark.slow
+def test_a_node_with_auth_off_says_so_loudly_and_asks_for_no_token(tmp_path: Path) -> None:
+    api, raft = _consecutive_free_ports(1), _consecutive_free_ports(1)
+    log = tmp_path / "node.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raftq.node", "node", "--id", "n1", "--in-memory",
+             "--insecure", "--auth", "off", "--listen", f"127.0.0.1:{api}",
+             "--raft", f"127.0.0.1:{raft}"],
+            stdout=f, stderr=subprocess.STDOUT, env=_without_tokens(), start_new_session=True,
+        )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{api}"
+        wait_for("the node to answer", lambda: http("GET", url + "/healthz", token=None)[0], 30)
+        text = log.read_text()
+        assert "WARNING" in text and "ACCESS CONTROL IS OFF" in text, text
+        code, body = http("GET", url + "/cluster", token=None)
+        assert code == 200 and body["node"] == "n1", body
+        wait_for("a leader", lambda: http("GET", url + "/readyz", token=None)[0] == 200, 30)
+        assert http("POST", url + "/topics", {"topic": "open"}, token=None)[0] == 201
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(30) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+@pytest.mark.slow
+def test_cluster_up_with_tls_serves_https_with_a_ca_it_hands_out(tmp_path: Path) -> None:
+    api, raft = _consecutive_free_ports(2), _consecutive_free_ports(2)
+    env = _without_tokens()
+    out = tmp_path / "out.txt"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raftq.node", "cluster", "up", "--nodes", "2", "--tls",
+             "--api-port", str(api), "--raft-port", str(raft), "--fsync", "never"],
+            stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path, env=env, start_new_session=True,
+        )  # fmt: skip
+    urls = ",".join(f"https://127.0.0.1:{api + i}" for i in range(2))
+    ca = tmp_path / ".raftq" / "tls" / "ca.pem"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "raftq.node", *args],
+            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60,
+        )  # fmt: skip
+
+    try:
+        wait_for("the cluster to come up", lambda: b"Try it" in out.read_bytes(), 60, 0.1)
+        text = out.read_text()
+        assert f"RAFTQ_CA={ca}" in text and "https://127.0.0.1" in text and ca.exists()
+        done = cli("topic", "create", "secure", "--url", urls, "--ca", str(ca))
+        assert done.returncode == 0, done.stderr
+        done = cli("publish", "secure", "over-tls", "--url", urls, "--ca", str(ca))
+        assert done.returncode == 0, done.stderr
+        # Without the CA the certificate is not trusted: said at once, in one line.
+        done = cli("status", "--url", urls, "--timeout", "5")
+        assert done.returncode == 3 and "certificate" in done.stderr, done.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            assert proc.wait(40) == 0, out.read_text()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)

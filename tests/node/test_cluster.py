@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import functools
 import socket
 import struct
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -134,6 +136,7 @@ def test_dropped_consumer_connection_releases_at_once(shared_cluster3: Cluster, 
         s.connect((host, int(port)))
         s.sendall(
             f"POST /topics/{topic}/groups/default/receive HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {c.token}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
@@ -338,3 +341,55 @@ def test_without_a_quorum_answers_are_definite_and_a_keyed_retry_stores_once(
         every=0.2,
     )
     assert call(c, new, "GET", f"/topics/{topic}")["messages"] == 1  # stored exactly once
+
+
+def test_access_control_on_every_node_and_across_the_forward(shared_cluster3: Cluster) -> None:
+    """Every node refuses a call without a valid token, a follower included; the probes need
+    none; a follower forwards a caller's own token, and the leader checks it again."""
+    c = shared_cluster3
+    lid = c.wait_leader()
+    f = c.followers()[0]
+    topic = uniq()
+    call(c, lid, "POST", "/topics", {"topic": topic}, 201)
+    for nid in (lid, f):
+        url = c.url(nid)
+        for method, path, body in (
+            ("GET", "/cluster", None),
+            ("GET", "/topics", None),
+            ("POST", f"/topics/{topic}/messages", {"payload": b64(b"x")}),
+        ):
+            for token in (None, "rq_nobody.not-a-token-of-this-cluster"):
+                code, err = http(method, url + path, body, token=token)
+                assert (code, err["code"]) == (401, "unauthenticated"), (nid, path, err)
+        for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+            assert http("GET", url + path, token=None)[0] in (200, 503), path  # never 401
+    for node in c.nodes.values():  # the admin token went by the environment, not argv
+        assert node.proc is not None
+        assert c.token.encode() not in Path(f"/proc/{node.proc.pid}/cmdline").read_bytes()
+
+    grants = [{"topics": topic, "actions": ["publish"]}]
+    made = call(c, lid, "POST", "/tokens", {"name": f"pub-{topic}", "grants": grants}, 201)
+    token = made["token"]
+    # (a follower learns of a token when it applies its creation: wait for that here)
+    wait_for(
+        "the follower to know the new token",
+        lambda: http("GET", c.url(f) + "/cluster", token=token)[0] == 200,
+        10,
+    )
+    url = c.url(f)
+    code, res = http("POST", url + f"/topics/{topic}/messages", {"payload": b64(b"ok")}, 10, token)
+    assert code == 200 and res["seq"] == 1, res
+    code, err = http("POST", url + f"/topics/{topic}/groups/default/receive", {}, 10, token)
+    assert (code, err["code"]) == (403, "forbidden")
+    code, err = http("POST", url + "/topics", {"topic": uniq()}, 10, token)
+    assert (code, err["code"]) == (403, "forbidden")
+
+    call(c, lid, "DELETE", f"/tokens/{made['id']}")
+
+    def refused(nid: str) -> bool:
+        return http("GET", c.url(nid) + "/cluster", token=token)[0] == 401
+
+    for nid in c.nodes:
+        wait_for(f"{nid} to refuse the revoked token", functools.partial(refused, nid), 10)
+    code, _ = http("POST", url + f"/topics/{topic}/messages", {"payload": b64(b"no")}, 10, token)
+    assert code == 401

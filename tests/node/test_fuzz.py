@@ -14,9 +14,10 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raftq.node.app import NodeSettings, build_app
 from raftq.node.local import LocalRaft
 from tests.node.cluster_fixture import free_ports
+from tests.node.inprocess import app
+from tests.support import ADMIN
 
 FIELDS = [
     "topic",
@@ -84,9 +85,7 @@ def server() -> Iterator[tuple[str, LocalRaft]]:
     port = free_ports(1)[0]
     loop = asyncio.new_event_loop()
     ready = threading.Event()
-    runner = web.AppRunner(
-        build_app(raft, NodeSettings(max_body=64 * 1024)), handler_cancellation=True
-    )
+    runner = web.AppRunner(app(raft, max_body=64 * 1024), handler_cancellation=True)
 
     async def start() -> None:
         await runner.setup()
@@ -115,7 +114,9 @@ def _send(url: str, method: str, data: bytes, ctype: str) -> int:
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": ctype})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": ctype, **ADMIN}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             r.read()

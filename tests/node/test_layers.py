@@ -18,11 +18,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate
 
 from raftq.node import app as app_module
-from raftq.node.app import NodeSettings, all_routes, build_app
+from raftq.node.app import all_routes, build_app
 from raftq.node.local import LocalRaft
 from raftq.node.openapi import document
 from raftq.node.proxy import ANSWER_HEADERS, FORWARD_HEADERS, FORWARDED, LEADER_HEADER
 from raftq.node.routes import LEADER, LOCAL
+from tests.node.inprocess import admin_client, app
+from tests.support import ADMIN
 
 Client = TestClient[web.Request, web.Application]
 NODE = Path(app_module.__file__).parent
@@ -87,9 +89,11 @@ def test_pure_layers_import_no_http_module(module: str) -> None:
 
 
 def test_the_app_serves_exactly_the_route_tables() -> None:
-    app = build_app(LocalRaft())
+    application = build_app(LocalRaft())
     served = {
-        (r.method, r.resource.canonical) for r in app.router.routes() if r.resource is not None
+        (r.method, r.resource.canonical)
+        for r in application.router.routes()
+        if r.resource is not None
     }
     declared = {(r.method, r.path) for r in all_routes()}
     heads = {("HEAD", p) for m, p in declared if m == "GET" and not p.endswith("/stream")}
@@ -172,7 +176,7 @@ async def echo_leader_and_follower() -> AsyncIterator[tuple[list[dict[str, str]]
     async with TestClient(TestServer(leader)) as lc:
         follower = LocalRaft("n2")
         follower.set_follower("n1", f"{lc.host}:{lc.port}")
-        async with TestClient(TestServer(build_app(follower, NodeSettings(node_id="n2")))) as fc:
+        async with admin_client(app(follower, node_id="n2")) as fc:
             yield seen, fc
 
 
@@ -181,7 +185,7 @@ async def test_the_proxy_forwards_only_the_allowlisted_headers(
 ) -> None:
     seen, fc = echo_leader_and_follower
     sent = {
-        "Authorization": "Bearer rq_x.y",
+        **ADMIN,  # (checked here first, then forwarded for the leader to check)
         "Accept": "application/json",
         "Content-Type": "application/json",
         "User-Agent": "test",

@@ -14,10 +14,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from raftq.node.app import NodeSettings, build_app
 from raftq.node.local import LocalRaft
 from raftq.node.server import NodeOptions, serve
 from raftq.node.stream import CLOSE_LEADER_CHANGED
+from tests.node.inprocess import admin_client, app
+from tests.support import ADMIN, ADMIN_TOKEN
 
 
 async def test_shutdown_stays_within_its_budget_and_always_stops_raft(
@@ -27,10 +28,10 @@ async def test_shutdown_stays_within_its_budget_and_always_stops_raft(
     raft.delay = 30.0  # a commit that never comes in time
     stop = asyncio.Event()
     opts = NodeOptions(node_id="n1", listen=f"127.0.0.1:{unused_tcp_port}", raft="unused:1",
-                       shutdown_timeout=8.0)  # fmt: skip
+                       shutdown_timeout=8.0, admin_token=ADMIN_TOKEN)  # fmt: skip
     server = asyncio.ensure_future(serve(opts, lambda o: raft, stop))
     url = f"http://127.0.0.1:{unused_tcp_port}"
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(headers=ADMIN) as s:
         for _ in range(100):  # bounded: the server is up within a second or two
             try:
                 async with s.get(url + "/healthz") as r:
@@ -52,7 +53,7 @@ async def test_shutdown_stays_within_its_budget_and_always_stops_raft(
 
 async def test_an_idle_stream_on_a_node_that_lost_the_leadership_is_closed() -> None:
     raft = LocalRaft()
-    async with TestClient(TestServer(build_app(raft))) as client:
+    async with admin_client(app(raft)) as client:
         r = await client.post("/topics", json={"topic": "t"})
         assert r.status == 201
         async with client.ws_connect("/topics/t/groups/default/stream") as ws:
@@ -85,8 +86,7 @@ async def test_a_follower_that_loses_the_leaders_answer_releases_the_consumer_it
     async with TestClient(TestServer(leader)) as lc:
         follower = LocalRaft("n2")
         follower.set_follower("n1", f"{lc.host}:{lc.port}")
-        app = build_app(follower, NodeSettings(node_id="n2"))
-        async with TestClient(TestServer(app)) as fc:
+        async with admin_client(app(follower, node_id="n2")) as fc:
             r = await fc.post("/topics/t/groups/default/receive", json={})
             assert r.status == 504
             for _ in range(100):  # bounded wait for the spawned release
@@ -105,7 +105,7 @@ async def metric(client: Any, *parts: str) -> float:
 async def test_metrics_count_redirects_as_such_and_methods_from_a_fixed_set() -> None:
     raft = LocalRaft()
     raft.set_follower("n2", "127.0.0.1:1")
-    async with TestClient(TestServer(build_app(raft))) as client:
+    async with admin_client(app(raft)) as client:
         r = await client.get("/topics/t/groups/g/stream", allow_redirects=False,
                              headers={"Upgrade": "websocket", "Connection": "Upgrade",
                                       "Sec-WebSocket-Key": base64.b64encode(b"k" * 16).decode(),

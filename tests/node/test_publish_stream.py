@@ -11,13 +11,13 @@ from typing import Any
 import aiohttp
 import msgpack
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 
 from raftq.node import stream
-from raftq.node.app import build_app
 from raftq.node.local import LocalRaft
 from raftq.node.stream import CLOSE_GOING_AWAY, CLOSE_LEADER_CHANGED, STREAM_GRACE_S
-from tests.node.inprocess import Client, topic_of
+from tests.node.inprocess import Client, admin_client, app, topic_of
+from tests.support import ADMIN
 
 PATH = "/publish/stream"
 
@@ -198,7 +198,7 @@ async def test_the_upgrade_and_the_query_are_checked_and_a_follower_redirects(
 
 async def test_a_node_that_loses_the_leadership_closes_its_publish_streams() -> None:
     raft = LocalRaft()
-    async with TestClient(TestServer(build_app(raft))) as client, client.ws_connect(PATH) as ws:
+    async with admin_client(app(raft)) as client, client.ws_connect(PATH) as ws:
         await asyncio.sleep(0.1)
         raft.set_follower("n2", "127.0.0.1:1")
         msg = await asyncio.wait_for(ws.receive(), 5)
@@ -208,9 +208,9 @@ async def test_a_node_that_loses_the_leadership_closes_its_publish_streams() -> 
 
 async def test_shutdown_answers_the_publishes_in_flight_then_closes() -> None:
     raft = LocalRaft()
-    server = TestServer(build_app(raft))
+    server = TestServer(app(raft))
     await server.start_server()
-    async with aiohttp.ClientSession(str(server.make_url(""))) as session:
+    async with aiohttp.ClientSession(str(server.make_url("")), headers=ADMIN) as session:
         assert (await session.post("/topics", json={"topic": "t"})).status == 201
         ws = await session.ws_connect(PATH)
         # The commit takes longer than the consumer streams' grace: the close comes while it

@@ -1166,3 +1166,37 @@ async def test_an_unexpected_error_in_pysyncobj_stops_the_node_logged_once(
         assert len(logged) == 1 and logged[0].levelname == "CRITICAL"
     finally:
         await ns.close()
+
+
+async def test_tokens_survive_a_restart_from_the_snapshot_and_from_the_journal(
+    tmp_path: Path,
+) -> None:
+    """Tokens are replicated state: a node restarted on its data dir knows them again, whether
+    they were in the snapshot it loads or only in the journal after it."""
+    ns = Nodes(tmp_path, 1, compaction=1_000_000)
+
+    def create(tid: str) -> dict[str, object]:
+        return {"op": "token_create", "id": tid, "name": f"name-{tid}", "hash": bytes(32),
+                "grants": [{"topics": "orders.*", "actions": ["publish"]}]}  # fmt: skip
+
+    node = ns.start("n1")
+    try:
+        await ns.leader()
+        await node.propose([create("insnap")])
+        node.force_compaction()
+        await until("a snapshot", lambda: node.stats["snapshots"] >= 1)
+        await node.propose([create("injournal"), {"op": "token_revoke", "id": "insnap"}])
+        await node.propose([create("insnap2")])
+    finally:
+        await ns.close()
+    node = ns.start("n1")
+    try:
+        await ns.leader()
+        await until("the journal applied", lambda: node.read(lambda b: b.token("insnap2")))
+        names = node.read(lambda b: [t["name"] for t in b.tokens()])
+        assert names == ["name-injournal", "name-insnap2"]
+        record = node.read(lambda b: b.token("injournal"))
+        assert record is not None
+        assert record["grants"] == [{"topics": "orders.*", "actions": ["publish"]}]
+    finally:
+        await ns.close()

@@ -8,6 +8,7 @@ from raftq.client._async import AsyncClient, AsyncMessage
 from raftq.client._sync import Client, Message
 from raftq.client.errors import (
     Conflict,
+    Forbidden,
     GroupExists,
     GroupNotFound,
     InvalidArgument,
@@ -21,9 +22,13 @@ from raftq.client.errors import (
     ReceiptInvalid,
     ReceiptStale,
     ServerError,
+    TLSError,
+    TokenExists,
+    TokenNotFound,
     TopicExists,
     TopicFull,
     TopicNotFound,
+    Unauthenticated,
     Unavailable,
     UnknownOutcome,
 )
@@ -33,6 +38,7 @@ __all__ = [
     "AsyncMessage",
     "Client",
     "Conflict",
+    "Forbidden",
     "GroupExists",
     "GroupNotFound",
     "InvalidArgument",
@@ -47,9 +53,13 @@ __all__ = [
     "ReceiptInvalid",
     "ReceiptStale",
     "ServerError",
+    "TLSError",
+    "TokenExists",
+    "TokenNotFound",
     "TopicExists",
     "TopicFull",
     "TopicNotFound",
+    "Unauthenticated",
     "Unavailable",
     "UnknownOutcome",
 ]

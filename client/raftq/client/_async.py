@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
@@ -25,10 +27,11 @@ import msgpack
 from raftq.client import _core as core
 from raftq.client import _http as http
 from raftq.client import _requests as rq
+from raftq.client import _tls
 from raftq.client._coalesce import Coalescer
 from raftq.client._message import Delivery
-from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome, error_from_body
-from raftq.client.transport import AsyncTransport
+from raftq.client.errors import RaftqError, TLSError, Unavailable, UnknownOutcome, error_from_body
+from raftq.client.transport import AsyncTransport, TLSFailed, tls_failure
 
 # A node that does not accept a connection within this long is taken for down (they are on a
 # LAN or loopback); the next node is tried.
@@ -279,6 +282,9 @@ class _Publisher:
                     return
                 self.stream = _Stream(ws, url, client._ack_all_later)
                 return
+        except aiohttp.ClientSSLError:  # (publishes over HTTP meet the TLSError themselves)
+            self.retry_at = time.monotonic() + self.REFUSED_S
+            return
         except (aiohttp.ClientError, OSError, TimeoutError, RaftqError, RuntimeError, ValueError):
             return  # (over HTTP meanwhile; tried again after the backoff)
         finally:
@@ -322,6 +328,23 @@ def _with_headers(extra: Callable[[], dict[str, str]]) -> type[aiohttp.ClientReq
     return WithHeaders
 
 
+def _ws_tls_error(e: aiohttp.ClientSSLError) -> TLSError | None:
+    """aiohttp's TLS failure opening a WebSocket as the client's ``TLSError``; None for a
+    handshake the server cut short (a node going down: retried as such)."""
+    cause: BaseException | None = e.__cause__
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        cause = e.certificate_error
+    elif isinstance(e.os_error, ssl.SSLError):
+        cause = e.os_error
+    failure: BaseException = e
+    if isinstance(cause, ssl.SSLError):
+        failure = tls_failure(cause)
+        if not isinstance(failure, TLSFailed):
+            return None
+    host = f"[{e.host}]" if ":" in e.host else e.host
+    return core.tls_error(f"https://{host}:{e.port}", failure)
+
+
 def _topic_group(p: str) -> tuple[str, str]:
     from urllib.parse import unquote
 
@@ -341,10 +364,19 @@ class AsyncClient:
         publish_stream: bool = True,
         transport: AsyncTransport | None = None,
         http_headers: core.HeadersHook | None = None,
+        token: str | None = None,
+        ca: _tls.CA | None = None,
+        cert: str | os.PathLike[str] | None = None,
+        key: str | os.PathLike[str] | None = None,
     ) -> None:
         """``transport``: what sends the HTTP requests (``raftq.client.transport.AsyncTransport``;
         by default ``_http.HttpPool``). The client closes it at ``close``. WebSockets (the
         streams) go through aiohttp whatever the transport.
+
+        ``ca``: for ``https://`` URLs, the CA file (PEM) to verify nodes with, or an
+        ``ssl.SSLContext`` (default: the system's store); ``cert``, ``key``: a client
+        certificate for nodes that require one. They apply to the default transport and to
+        WebSockets. A certificate that cannot be verified raises ``TLSError`` at once.
 
         ``http_headers``: extra headers (e.g. ``Authorization``) for every HTTP request and
         every WebSocket handshake request the client sends: a mapping, or a callable returning
@@ -353,7 +385,11 @@ class AsyncClient:
         Accept-Encoding, Connection, Content-Encoding, Content-Length, Content-Type, Host, TE,
         Transfer-Encoding, Upgrade and Sec-WebSocket-* (in any case), a name given twice, or
         a name or value not valid in HTTP raises ``ValueError``: at construction for a
-        mapping, from the client call for a callable's answer."""
+        mapping, from the client call for a callable's answer.
+
+        ``token``: the API token (``rq_<id>.<secret>``) sent as ``Authorization: Bearer``;
+        by default ``RAFTQ_TOKEN`` from the environment, if set (an ``Authorization`` from
+        ``http_headers`` then wins; with ``token=`` it is an error); ``""``: none."""
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
@@ -361,8 +397,12 @@ class AsyncClient:
         self.retries = 0  # tries beyond the first, over this client's life
         self.producer = core.Producer(producer_id)
         self.fmt = fmt
+        self._ssl = _tls.client_context(ca, cert, key)
         self._requests: AsyncTransport | None = transport
-        self._extra_headers = core.header_source(http_headers)
+        from_env = token is None
+        if from_env:
+            token = os.environ.get(core.TOKEN_ENV) or None
+        self._extra_headers = core.header_source(core.with_token(token, http_headers, from_env))
         self._session: aiohttp.ClientSession | None = None
         # Consumers whose loop has not finished: close() releases them before it goes.
         self._consumers: set[str] = set()
@@ -408,7 +448,9 @@ class AsyncClient:
         if self._closed:
             raise RaftqError("the client is closed")
         if self._requests is None:
-            self._requests = http.HttpPool(limit=256, connect_timeout=CONNECT_TIMEOUT)
+            self._requests = http.HttpPool(
+                limit=256, connect_timeout=CONNECT_TIMEOUT, ssl_context=self._ssl
+            )
         return self._requests
 
     def _http(self) -> aiohttp.ClientSession:
@@ -416,12 +458,12 @@ class AsyncClient:
         if self._closed:
             raise RaftqError("the client is closed")
         if self._session is None:
-            if self._extra_headers is None:
-                self._session = aiohttp.ClientSession()
-            else:
-                self._session = aiohttp.ClientSession(
-                    request_class=_with_headers(self._extra_headers)
-                )
+            kw: dict[str, Any] = {}
+            if self._ssl is not None:
+                kw["connector"] = aiohttp.TCPConnector(ssl=self._ssl)
+            if self._extra_headers is not None:
+                kw["request_class"] = _with_headers(self._extra_headers)
+            self._session = aiohttp.ClientSession(**kw)
         return self._session
 
     # ------------------------------------------------------------------ the I/O loop
@@ -481,6 +523,8 @@ class AsyncClient:
             try:
                 resp = await self._pool().request(wire.method, target, headers, wire.body, left)
             except http.HttpError as e:
+                if isinstance(e, http.TLSFailed):
+                    raise core.tls_error(target, e) from e
                 if e.stale and fresh_retry:  # (never from HttpPool: see ``transport``)
                     fresh_retry = False
                     continue
@@ -511,6 +555,34 @@ class AsyncClient:
 
     async def remove_member(self, node_id: str) -> Any:
         return await self.request(rq.remove_member(node_id))
+
+    # ------------------------------------------------------------------ tokens (cluster flag)
+
+    async def create_token(
+        self,
+        name: str,
+        grants: Sequence[Mapping[str, Any]] = (),
+        *,
+        cluster: bool = False,
+        expires_in: float | None = None,
+    ) -> Any:
+        """A new API token: the answer's ``token`` is its secret, shown only this once.
+        ``grants``: ``[{"topics": "orders.*", "actions": ["publish", "consume"]}]``."""
+        return await self.request(rq.create_token(name, grants, cluster, expires_in))
+
+    async def list_tokens(self) -> list[Any]:
+        return list((await self.request(rq.list_tokens()))["tokens"])
+
+    async def token(self, token_id: str) -> Any:
+        return await self.request(rq.token(token_id))
+
+    async def update_token(self, token_id: str, **changes: Any) -> Any:
+        """Change ``disabled``, ``name``, ``grants``, ``cluster`` or ``expires_in``."""
+        return await self.request(rq.update_token(token_id, changes))
+
+    async def revoke_token(self, token_id: str) -> Any:
+        """Revoke a token: every node refuses it once the revoke is applied there."""
+        return await self.request(rq.revoke_token(token_id))
 
     # ------------------------------------------------------------------ topics and groups
 
@@ -757,6 +829,12 @@ class AsyncClient:
                 ):
                     ws = await self._http().ws_connect(url + p, heartbeat=10.0, max_msg_size=0)
                 return _Stream(ws, url, self._ack_all_later)
+            except aiohttp.ClientSSLError as e:  # (the node's or, after a redirect, the leader's)
+                tls = _ws_tls_error(e)
+                if tls is not None:
+                    raise tls from e
+                last = core.unavailable(url, e, sent=False)
+                self.endpoints.failed(url)
             except aiohttp.WSServerHandshakeError as e:
                 location = e.headers.get("Location") if e.headers else None
                 if e.status in (301, 302, 307, 308) and location:

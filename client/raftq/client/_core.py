@@ -25,6 +25,7 @@ from raftq.client.errors import (
     ProtocolError,
     RaftqError,
     RaftqTimeout,
+    TLSError,
     Unavailable,
     UnknownOutcome,
     error_from_body,
@@ -133,6 +134,35 @@ def header_source(hook: HeadersHook | None) -> Callable[[], dict[str, str]] | No
     return lambda: fixed
 
 
+TOKEN_ENV = "RAFTQ_TOKEN"
+
+
+def with_token(
+    token: str | None, hook: HeadersHook | None, from_env: bool = False
+) -> HeadersHook | None:
+    """``hook`` plus ``Authorization: Bearer <token>`` (no token: the hook alone). A hook that
+    names Authorization too is refused, unless the token came from ``RAFTQ_TOKEN``
+    (``from_env``): then the hook's own, being explicit, wins."""
+    if not token:
+        return hook
+    bearer = {"Authorization": f"Bearer {token}"}
+    check_headers(bearer)  # (a token with a newline in it would smuggle a header)
+    if hook is None:
+        return bearer
+
+    def both(given: Mapping[str, str]) -> dict[str, str]:
+        if any(k.lower() == "authorization" for k in given):
+            if from_env:
+                return dict(given)
+            raise ValueError("http_headers: Authorization is set by token=; give one of them")
+        return {**given, **bearer}
+
+    if callable(hook):
+        fn = hook
+        return lambda: both(fn())
+    return both(hook)
+
+
 def with_headers(
     headers: dict[str, str], extra: Callable[[], dict[str, str]] | None
 ) -> dict[str, str]:
@@ -193,8 +223,8 @@ def retry_delay(err: RaftqError, req: Request, attempt: int, remaining: float) -
     """Seconds to wait before trying again, or None to raise ``err`` now."""
     if isinstance(err, UnknownOutcome) and not req.idempotent:
         return None
-    if not isinstance(err, Unavailable) or remaining <= 0:
-        return None
+    if not isinstance(err, Unavailable) or isinstance(err, TLSError) or remaining <= 0:
+        return None  # (a TLS failure is a configuration error: retrying would only hide it)
     cap = NO_LEADER_CAP if err.server_code == "no_leader" else BACKOFF_CAP
     delay: float = min(cap, BACKOFF_BASE * (2**attempt)) * random.uniform(0.5, 1.0)
     return min(delay, remaining)
@@ -288,8 +318,11 @@ class Endpoints:
             self.leader = None
 
     def learn(self, url: str | None) -> None:
-        """A server named the leader's HTTP address (header or /cluster)."""
+        """A server named the leader's HTTP address (header or /cluster: a bare host:port
+        there, reached with the seeds' scheme: a cluster is all-HTTPS or all-plain)."""
         if url and ":" in url:  # an address, not a bare node id
+            if "://" not in url:
+                url = f"{urlsplit(self.seeds[0]).scheme}://{url}"
             url = normalize_url(url)
             if self._down.get(url, 0.0) > self.clock():
                 return  # we could not reach it a moment ago (e.g. an address inside Docker)
@@ -376,6 +409,17 @@ def unavailable(url: str, exc: BaseException, sent: bool) -> RaftqError:
     if sent:
         return UnknownOutcome(f"{url}: connection lost after sending ({exc!r})")
     return Unavailable(f"{url}: {exc!r}")
+
+
+def origin(url: str) -> str:
+    """``scheme://host:port`` of a URL (which node a failure was with, after redirects)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def tls_error(url: str, exc: BaseException) -> TLSError:
+    """A transport's ``TLSFailed`` with the node's URL: the client's error, not retried."""
+    return TLSError(f"{origin(url)}: {exc}")
 
 
 def raise_receipt_errors(result: Any, count: int) -> None:

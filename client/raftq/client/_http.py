@@ -11,7 +11,9 @@ inside the server's keep-alive timeout); at most ``limit`` are open per origin, 
 wait for one. WebSockets stay on aiohttp.
 
 Failures say whether the request may have reached the server: ``ConnectFailed`` (it did not) and
-``ConnectionDropped`` (it may have), as ``transport`` describes; none is marked ``stale`` (an
+``ConnectionDropped`` (it may have), as ``transport`` describes (``TLSFailed`` when TLS cannot be
+set up: ``ssl_context`` verifies ``https://`` servers, by default against the system's store);
+none is marked ``stale`` (an
 idle connection the server closed reads as EOF and is not reused). A request cancelled or timed
 out mid-way closes its connection, so a late response can never be read as the answer to
 another request.
@@ -29,7 +31,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from raftq.client.transport import ConnectFailed, ConnectionDropped, HttpError, Response
+from raftq.client.transport import (
+    ConnectFailed,
+    ConnectionDropped,
+    HttpError,
+    Response,
+    TLSFailed,
+    tls_failure,
+)
 
 __all__ = [
     "BadResponse",
@@ -38,6 +47,7 @@ __all__ = [
     "HttpError",
     "HttpPool",
     "Response",
+    "TLSFailed",
     "split_url",
 ]
 
@@ -323,6 +333,8 @@ class HttpPool:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(_Conn, origin.host, origin.port, ssl=tls)
+        except ssl.SSLError as e:
+            raise tls_failure(e) from e
         except (OSError, TimeoutError) as e:
             raise ConnectFailed(f"cannot connect to {origin.host}:{origin.port}: {e!r}") from e
         return conn

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import http.client
 import select
+import ssl
 import time
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from raftq.client.transport import ConnectFailed, ConnectionDropped, Response
+from raftq.client.transport import ConnectFailed, ConnectionDropped, Response, tls_failure
 
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
 
 class SyncHttpPool:
-    def __init__(self, *, connect_timeout: float = 2.0) -> None:
+    def __init__(
+        self, *, connect_timeout: float = 2.0, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        """``ssl_context`` verifies ``https://`` servers (default: the system's store)."""
         self.connect_timeout = connect_timeout
+        self._ssl = ssl_context
         self._conns: dict[str, http.client.HTTPConnection] = {}
 
     def request(
@@ -50,6 +55,8 @@ class SyncHttpPool:
             dead = self._conns.pop(base, None)
             if dead is not None:
                 dead.close()
+            if isinstance(e, ssl.SSLError) and not sent and not reused:  # (in the handshake)
+                raise tls_failure(e) from e
             err = ConnectionDropped if sent else ConnectFailed
             raise err(repr(e), stale=reused and isinstance(e, _STALE)) from e
         if resp.getheader("Connection", "").lower() == "close":
@@ -88,12 +95,16 @@ class SyncHttpPool:
         conn = self._conns.get(base)
         if conn is None:
             parts = urlsplit(base)
-            cls = (
-                http.client.HTTPSConnection
-                if parts.scheme == "https"
-                else http.client.HTTPConnection
-            )
-            conn = cls(parts.netloc, timeout=min(timeout, self.connect_timeout))
+            if parts.scheme == "https":
+                if self._ssl is None:
+                    self._ssl = ssl.create_default_context()
+                conn = http.client.HTTPSConnection(
+                    parts.netloc, timeout=min(timeout, self.connect_timeout), context=self._ssl
+                )
+            else:
+                conn = http.client.HTTPConnection(
+                    parts.netloc, timeout=min(timeout, self.connect_timeout)
+                )
             self._conns[base] = conn
         if conn.sock is None:
             conn.timeout = min(timeout, self.connect_timeout)

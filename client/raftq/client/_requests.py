@@ -26,6 +26,38 @@ def remove_member(node_id: str) -> Request:
     return Request("DELETE", path("cluster", "members", node_id), idempotent=False)
 
 
+def create_token(
+    name: str,
+    grants: Sequence[Mapping[str, Any]],
+    cluster: bool,
+    expires_in: float | None,
+) -> Request:
+    body: dict[str, Any] = {"name": name, "grants": [dict(g) for g in grants]}
+    if cluster:
+        body["cluster"] = True
+    if expires_in is not None:
+        body["expires_in"] = expires_in
+    # (a retry after an unknown outcome could make a second token, and the first one's
+    # secret would be lost with the answer)
+    return Request("POST", "/tokens", body, idempotent=False)
+
+
+def list_tokens() -> Request:
+    return Request("GET", "/tokens", idempotent=True)
+
+
+def token(token_id: str) -> Request:
+    return Request("GET", path("tokens", token_id), idempotent=True)
+
+
+def update_token(token_id: str, changes: Mapping[str, Any]) -> Request:
+    return Request("PATCH", path("tokens", token_id), dict(changes), idempotent=True)
+
+
+def revoke_token(token_id: str) -> Request:
+    return Request("DELETE", path("tokens", token_id), idempotent=True)
+
+
 def create_topic(
     topic: str,
     config: Mapping[str, Any] | None,

@@ -12,6 +12,7 @@ A ``Client`` is not thread-safe; give each thread its own.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -21,10 +22,11 @@ from urllib.parse import urljoin, urlsplit
 
 from raftq.client import _core as core
 from raftq.client import _requests as rq
+from raftq.client import _tls
 from raftq.client._http_sync import SyncHttpPool
 from raftq.client._message import Delivery
 from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome
-from raftq.client.transport import ConnectFailed, HttpError, Transport
+from raftq.client.transport import ConnectFailed, HttpError, TLSFailed, Transport
 
 CONNECT_TIMEOUT = 2.0  # as in the async client: a node that does not accept is taken for down
 
@@ -63,9 +65,19 @@ class Client:
         fmt: str = core.MSGPACK,
         transport: Transport | None = None,
         http_headers: core.HeadersHook | None = None,
+        token: str | None = None,
+        ca: _tls.CA | None = None,
+        cert: str | os.PathLike[str] | None = None,
+        key: str | os.PathLike[str] | None = None,
     ) -> None:
         """``transport``: what sends the HTTP requests (``raftq.client.transport.Transport``;
         by default kept-alive ``http.client`` connections). The client closes it at ``close``.
+
+        ``ca``: for ``https://`` URLs, the CA file (PEM) to verify nodes with, or an
+        ``ssl.SSLContext`` (default: the system's store); ``cert``, ``key``: a client
+        certificate for nodes that require one. They configure the default transport (with
+        ``transport=`` they are an error). A certificate that cannot be verified raises
+        ``TLSError`` at once.
 
         ``http_headers``: extra headers (e.g. ``Authorization``) for every HTTP request the
         client sends: a mapping, or a callable returning one, called anew for each request
@@ -73,7 +85,11 @@ class Client:
         Accept, Accept-Encoding, Connection, Content-Encoding, Content-Length, Content-Type,
         Host, TE, Transfer-Encoding, Upgrade and Sec-WebSocket-* (in any case), a name given
         twice, or a name or value not valid in HTTP raises ``ValueError``: at construction for
-        a mapping, from the client call for a callable's answer."""
+        a mapping, from the client call for a callable's answer.
+
+        ``token``: the API token (``rq_<id>.<secret>``) sent as ``Authorization: Bearer``;
+        by default ``RAFTQ_TOKEN`` from the environment, if set (an ``Authorization`` from
+        ``http_headers`` then wins; with ``token=`` it is an error); ``""``: none."""
         self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
@@ -82,9 +98,15 @@ class Client:
         self.producer = core.Producer(producer_id)
         self.fmt = fmt
         if transport is None:
-            transport = SyncHttpPool(connect_timeout=CONNECT_TIMEOUT)
+            ssl_context = _tls.client_context(ca, cert, key)
+            transport = SyncHttpPool(connect_timeout=CONNECT_TIMEOUT, ssl_context=ssl_context)
+        elif ca is not None or cert is not None or key is not None:
+            raise ValueError("ca=, cert= and key= configure the default transport, not transport=")
         self._transport: Transport = transport
-        self._extra_headers = core.header_source(http_headers)
+        from_env = token is None
+        if from_env:
+            token = os.environ.get(core.TOKEN_ENV) or None
+        self._extra_headers = core.header_source(core.with_token(token, http_headers, from_env))
 
     def __enter__(self) -> Client:
         return self
@@ -150,6 +172,8 @@ class Client:
             try:
                 resp = self._transport.request(wire.method, target, headers, wire.body, left)
             except HttpError as e:
+                if isinstance(e, TLSFailed):
+                    raise core.tls_error(target, e) from e
                 if e.stale and fresh_retry:
                     # The server closed an idle kept-alive socket, probably before reading this
                     # request; only a request that is safe to repeat is sent again (else the
@@ -186,6 +210,34 @@ class Client:
 
     def remove_member(self, node_id: str) -> Any:
         return self.request(rq.remove_member(node_id))
+
+    # ------------------------------------------------------------------ tokens (cluster flag)
+
+    def create_token(
+        self,
+        name: str,
+        grants: Sequence[Mapping[str, Any]] = (),
+        *,
+        cluster: bool = False,
+        expires_in: float | None = None,
+    ) -> Any:
+        """A new API token: the answer's ``token`` is its secret, shown only this once.
+        ``grants``: ``[{"topics": "orders.*", "actions": ["publish", "consume"]}]``."""
+        return self.request(rq.create_token(name, grants, cluster, expires_in))
+
+    def list_tokens(self) -> list[Any]:
+        return list((self.request(rq.list_tokens()))["tokens"])
+
+    def token(self, token_id: str) -> Any:
+        return self.request(rq.token(token_id))
+
+    def update_token(self, token_id: str, **changes: Any) -> Any:
+        """Change ``disabled``, ``name``, ``grants``, ``cluster`` or ``expires_in``."""
+        return self.request(rq.update_token(token_id, changes))
+
+    def revoke_token(self, token_id: str) -> Any:
+        """Revoke a token: every node refuses it once the revoke is applied there."""
+        return self.request(rq.revoke_token(token_id))
 
     # ------------------------------------------------------------------ topics and groups
 

@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from raftq.client._sync import Client
-from raftq.client.errors import RaftqError, TopicNotFound, Unavailable
+from raftq.client.errors import RaftqError, TLSError, TopicNotFound, Unavailable
 
 DEFAULT_URLS = "http://127.0.0.1:8001,http://127.0.0.1:8002,http://127.0.0.1:8003"
+DEV_TOKEN_FILE = os.path.join(".raftq", "admin.token")  # written by raftq cluster up
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 Handler = Callable[[argparse.Namespace, Client], int]
@@ -33,6 +34,33 @@ def register(sub: Any) -> None:
         "--url",
         default=os.environ.get("RAFTQ_URL", DEFAULT_URLS),
         help="comma-separated node URLs (env RAFTQ_URL; default: the local 3-node cluster)",
+    )
+    common.add_argument(
+        "--token",
+        default=os.environ.get("RAFTQ_TOKEN"),
+        help="API token rq_<id>.<secret> (env RAFTQ_TOKEN; else --token-file)",
+    )
+    common.add_argument(
+        "--token-file",
+        default=os.environ.get("RAFTQ_TOKEN_FILE"),
+        help=f"read the token from this file (env RAFTQ_TOKEN_FILE; default {DEV_TOKEN_FILE}"
+        " when it exists: the one raftq cluster up writes)",
+    )
+    common.add_argument(
+        "--ca",
+        default=os.environ.get("RAFTQ_CA"),
+        help="CA file (PEM) to verify https:// nodes with (env RAFTQ_CA; default: the"
+        " system's store)",
+    )
+    common.add_argument(
+        "--client-cert",
+        default=os.environ.get("RAFTQ_CLIENT_CERT"),
+        help="client certificate (PEM) for nodes that require one (env RAFTQ_CLIENT_CERT)",
+    )
+    common.add_argument(
+        "--client-key",
+        default=os.environ.get("RAFTQ_CLIENT_KEY"),
+        help="its private key, if not in the --client-cert file (env RAFTQ_CLIENT_KEY)",
     )
     common.add_argument("--json", action="store_true", help="print JSON for scripts")
     common.add_argument("--timeout", type=float, default=30.0, help="overall seconds per call")
@@ -122,6 +150,28 @@ def register(sub: Any) -> None:
         "--no-ack", action="store_true", help="do not acknowledge; deliveries are released on exit"
     )
 
+    tok = sub.add_parser("token", help="create, list, show or revoke API tokens")
+    ksub = tok.add_subparsers(dest="token_cmd", required=True)
+    p = cmd(ksub, "create", _token_create, "create a token; its secret is printed once")
+    p.add_argument("name")
+    p.add_argument(
+        "--grant",
+        action="append",
+        default=[],
+        metavar="TOPICS=ACTIONS",
+        help="e.g. 'orders.*=publish,consume' or '*=admin' (topics: a name, prefix.* or *;"
+        " actions: publish, consume, admin); repeatable",
+    )
+    p.add_argument("--cluster", action="store_true", help="may manage members and tokens")
+    p.add_argument("--expires-in", type=float, metavar="SECONDS", help="expire after this long")
+    cmd(ksub, "list", _token_list, "list tokens (never their secrets)")
+    p = cmd(ksub, "show", _token_show, "show one token")
+    p.add_argument("id", help="the token's id (rq_<id>.<secret>) or its name")
+    p = cmd(ksub, "revoke", _token_revoke, "revoke a token: every node refuses it at once")
+    p.add_argument("id", help="the token's id or its name")
+    new = ksub.add_parser("new", help="print a fresh random token for RAFTQ_ADMIN_TOKEN")
+    new.set_defaults(func=_token_new)
+
     dlq = sub.add_parser("dlq", help="inspect and redrive dead-letter topics")
     dsub = dlq.add_subparsers(dest="dlq_cmd", required=True)
     p = cmd(dsub, "peek", _dlq_peek, "show dead letters without consuming them")
@@ -133,10 +183,35 @@ def register(sub: Any) -> None:
     p.add_argument("--max", type=int, default=100)
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """--token, else RAFTQ_TOKEN, else the token file (--token-file, else the dev cluster's)."""
+    if args.token:
+        return str(args.token)
+    path = args.token_file or (DEV_TOKEN_FILE if os.path.exists(DEV_TOKEN_FILE) else None)
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError as e:
+        raise ValueError(f"--token-file: {e.strerror or e}: {path}") from None
+
+
 def run(args: argparse.Namespace, fn: Handler) -> int:
     try:
-        with Client(args.url.split(","), timeout=args.timeout) as client:
+        token = _token(args)
+        with Client(
+            args.url.split(","),
+            timeout=args.timeout,
+            token=token or "",
+            ca=args.ca or None,
+            cert=args.client_cert or None,
+            key=args.client_key or None,
+        ) as client:
             return fn(args, client)
+    except TLSError as e:
+        _fail(f"TLS: {e.message}")
+        return EXIT_UNAVAILABLE
     except Unavailable as e:
         _fail(f"cluster unavailable: {e.message}")
         return EXIT_UNAVAILABLE
@@ -455,3 +530,79 @@ def _dlq_redrive(args: argparse.Namespace, c: Client) -> int:
             f"redrove {res.get('redriven')} messages ({res.get('skipped', 0)} skipped: source gone)"
         ),
     )
+
+
+# ---------------------------------------------------------------------- tokens
+
+
+def parse_grants(items: Iterable[str]) -> list[dict[str, Any]]:
+    """``TOPICS=ACTION,ACTION`` items as grants."""
+    out = []
+    for item in items:
+        topics, sep, actions = item.partition("=")
+        if not sep or not topics or not actions:
+            raise ValueError(f"--grant: expected TOPICS=ACTIONS, got {item!r}")
+        out.append({"topics": topics, "actions": [a.strip() for a in actions.split(",")]})
+    return out
+
+
+def _grants_text(grants: list[dict[str, Any]]) -> str:
+    return " ".join(f"{g['topics']}={','.join(g['actions'])}" for g in grants) or "-"
+
+
+def _tokens_table(tokens: list[dict[str, Any]]) -> str:
+    rows = [
+        [t["id"], t["name"], _grants_text(t.get("grants") or []),
+         "yes" if t.get("cluster") else "", "yes" if t.get("disabled") else "",
+         _when(t.get("expires_at"))]
+        for t in tokens
+    ]  # fmt: skip
+    return table(rows, ["id", "name", "grants", "cluster", "disabled", "expires"])
+
+
+def _when(ms: int | None) -> str:
+    return "" if ms is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def _token_id(c: Client, given: str) -> str:
+    """A token's id from its id or its name."""
+    for t in c.list_tokens():
+        if given in (t["id"], t["name"]):
+            return str(t["id"])
+    return given  # (the server says it is not found)
+
+
+def _token_create(args: argparse.Namespace, c: Client) -> int:
+    res = c.create_token(
+        args.name, parse_grants(args.grant), cluster=args.cluster, expires_in=args.expires_in
+    )
+
+    def human() -> str:
+        return (
+            f"created token {res['name']} (id {res['id']}); its secret, shown only now:\n"
+            f"{res['token']}"
+        )
+
+    return _emit(args, res, human)
+
+
+def _token_list(args: argparse.Namespace, c: Client) -> int:
+    tokens = c.list_tokens()
+    return _emit(args, {"tokens": tokens}, lambda: _tokens_table(tokens))
+
+
+def _token_show(args: argparse.Namespace, c: Client) -> int:
+    t = c.token(_token_id(c, args.id))
+    return _emit(args, t, lambda: _tokens_table([t]))
+
+
+def _token_revoke(args: argparse.Namespace, c: Client) -> int:
+    res = c.revoke_token(_token_id(c, args.id))
+    return _emit(args, res, lambda: f"revoked token {res['id']}")
+
+
+def _token_new(args: argparse.Namespace) -> int:
+    import secrets
+
+    print(f"rq_admin.{secrets.token_urlsafe(32)}")
+    return EXIT_OK

@@ -8,6 +8,8 @@ class below and sets each entry of ``details`` as an attribute (``TopicFull.max_
     ├── InvalidArgument                 invalid_argument (400)
     │   ├── InvalidName                 invalid_name
     │   └── MessageTooLarge             message_too_large (413)
+    ├── Unauthenticated                 unauthenticated (401): no token, or a bad one
+    ├── Forbidden                       forbidden (403): .action, .topic the token may not
     ├── NotFound                        (404)
     │   ├── TopicNotFound               topic_not_found
     │   ├── GroupNotFound               group_not_found
@@ -21,6 +23,7 @@ class below and sets each entry of ``details`` as an attribute (``TopicFull.max_
     │   ├── ReceiptInvalid              receipt_invalid
     │   └── ReceiptStale                receipt_stale
     ├── Unavailable                     no leader / node unreachable (503); safe to retry
+    │   ├── TLSError                    TLS failed (untrusted certificate...): not retried
     │   └── RaftqTimeout (+TimeoutError) the overall deadline passed
     │       └── UnknownOutcome          the server could not tell whether it was applied
     ├── ProtocolError                   the server answered something this client cannot read
@@ -67,6 +70,18 @@ class InvalidName(InvalidArgument):
 
 class MessageTooLarge(InvalidArgument):
     code = "message_too_large"
+
+
+class Unauthenticated(RaftqError):
+    """No token was sent, or it is unknown, malformed, disabled or expired."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(RaftqError):
+    """The token is valid but lacks the right: ``action`` (on ``topic``)."""
+
+    code = "forbidden"
 
 
 class NotFound(RaftqError):
@@ -121,6 +136,16 @@ class Unavailable(RaftqError):
     code = "unavailable"
 
 
+class TLSError(Unavailable):
+    """TLS could not be set up with a node, so nothing was sent: its certificate could not be
+    verified (give the CA that signed it: ``ca=``, ``--ca``), the node refused ours or requires
+    one (``cert=``, ``key=``), or the URL's scheme is not the node's (``http://`` to an HTTPS
+    node or the reverse). The message names the URL. A configuration error, not an outage: the
+    client raises it at once instead of retrying until its timeout."""
+
+    code = "tls_error"
+
+
 class RaftqTimeout(Unavailable, TimeoutError):
     code = "timeout"
 
@@ -165,6 +190,8 @@ BY_CODE.update(
         "route_not_found": NotFound,
         "method_not_allowed": InvalidArgument,
         "upgrade_required": InvalidArgument,
+        "tls_required": TLSError,
+        "client_certificate_required": TLSError,
     }
 )
 
@@ -184,6 +211,10 @@ def error_from_body(status: int, body: Any) -> RaftqError:
 
 
 def _by_status(status: int) -> type[RaftqError]:
+    if status == 401:
+        return Unauthenticated
+    if status == 403:
+        return Forbidden
     if status == 404:
         return NotFound
     if status == 409:

@@ -17,6 +17,11 @@ the server; the client's retry decisions rest on that:
   written, or the response could not be framed). The outcome is unknown: only a request that
   is safe to repeat is sent again.
 
+``TLSFailed`` (a ``ConnectFailed``) says TLS could not be set up: the server's certificate was
+not verified, or the handshake failed otherwise (a plain-HTTP server on an ``https://`` URL...).
+Nothing was sent; the client does not retry it (``errors.TLSError``). A handshake cut short by
+the server closing the connection is a plain ``ConnectFailed``: a node going down does that.
+
 Either may say ``stale=True``: the failure came on a kept-alive connection reused from the pool,
 in the way a connection the server had closed while idle fails (reset, broken pipe, closed
 before any response byte), so the server most likely never read the request. A request that is
@@ -28,6 +33,7 @@ client's own ``close()``: the client owns the transport it is given.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -50,6 +56,30 @@ class HttpError(Exception):
 
 class ConnectFailed(HttpError):
     """The request was not sent (no connection was made, or the send failed)."""
+
+
+class TLSFailed(ConnectFailed):
+    """TLS could not be set up with the server (not a passing failure): nothing was sent."""
+
+
+def tls_failure(e: ssl.SSLError) -> ConnectFailed:
+    """A TLS error met while connecting: ``TLSFailed`` with a message saying what to do, or
+    a plain ``ConnectFailed`` when the server just closed the connection mid-handshake."""
+    if isinstance(e, ssl.SSLCertVerificationError):
+        why = e.verify_message or e.reason or str(e)
+        return TLSFailed(
+            f"the server's certificate could not be verified ({why}); give the CA that signed"
+            " it (ca=, --ca, RAFTQ_CA)"
+        )
+    if isinstance(e, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+        return ConnectFailed(f"the server closed the connection during the TLS handshake ({e})")
+    reason = e.reason or str(e)
+    hint = ""
+    if reason == "WRONG_VERSION_NUMBER":
+        hint = ": the server does not seem to speak TLS (an http:// node?)"
+    elif "ALERT" in reason:
+        hint = ": the server refused the handshake (does it require a client certificate?)"
+    return TLSFailed(f"TLS handshake failed ({reason}){hint}")
 
 
 class ConnectionDropped(HttpError):

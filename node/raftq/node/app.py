@@ -3,7 +3,8 @@ the transport modules (``topics``, ``messages``, ``ops``, ``stream``) to one ``B
 
 Every request passes ``_errors`` (one JSON error envelope, status from ``errors.STATUS_BY_CODE``,
 request metrics) and its route's dispatcher (``_bind``): the query checked against the route's
-declaration, then the one leadership rule: a leader route on a node that does not lead, or
+declaration, the caller authorized for the route's permission (``auth``), then the one
+leadership rule: a leader route on a node that does not lead, or
 whose command found it no longer leads (``LeaderLost``), is forwarded to the leader once
 (``proxy``); a stream redirects there itself; a local route answers here. Adding a surface
 means a module with a ``ROUTES`` table, listed in ``ROUTE_MODULES``.
@@ -21,12 +22,24 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from raftq.cluster.errors import BrokerError
-from raftq.node import httpio, messages, ops, stream, topics
+from raftq.node import auth, httpio, messages, ops, stream, tokens, topics
+from raftq.node.auth import (
+    ADMIN,
+    CLUSTER,
+    NOBODY,
+    OBSERVE,
+    PATH,
+    PUBLIC,
+    Authenticator,
+    Permission,
+    Principal,
+    UnknownToken,
+)
 from raftq.node.errors import ApiError
 from raftq.node.openapi import document
 from raftq.node.proxy import Forwarder
 from raftq.node.raftapi import Raft
-from raftq.node.routes import LEADER, Route, parse_query
+from raftq.node.routes import AUTHN, LEADER, Route, parse_query, path_name, set_principal
 from raftq.node.service import BrokerService, LeaderLost, NodeSettings
 from raftq.node.stream import STREAMS, Streams
 
@@ -34,8 +47,10 @@ __all__ = ["ROUTE_MODULES", "SERVICE", "NodeSettings", "all_routes", "build_app"
 
 log = logging.getLogger("raftq.node")
 
-ROUTE_MODULES = (topics, messages, stream, ops)
+ROUTE_MODULES = (topics, messages, stream, tokens, ops)
 SERVICE: web.AppKey[BrokerService] = web.AppKey("service", BrokerService)
+CATCH_UP_S = 1.0  # how long a follower waits at most to learn a token it does not know
+CATCH_UP_MIN_S = 0.1
 _METHODS = frozenset(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])  # (labels)
 AioHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -106,24 +121,81 @@ def _errors(svc: BrokerService) -> Middleware:
     return errors
 
 
-def _bind(route: Route, svc: BrokerService, fwd: Forwarder) -> AioHandler:
-    """The aiohttp handler of one route: its query checked, then the leadership rule."""
+def _authorize(
+    route: Route, perm: Permission, authn: Authenticator, observe: bool, request: web.Request
+) -> Principal:
+    """Who calls, allowed the route's action (on its path's topic); 401 / 403 otherwise."""
+    if perm.action == PUBLIC or (perm.action == OBSERVE and not observe):
+        who = NOBODY
+    else:
+        who = authn.authenticate(auth.credential(request.headers))
+        if perm.topic == PATH:
+            who.require(perm.action, path_name(request, "topic"))
+        elif perm.topic is None:
+            who.require(perm.action)
+    set_principal(request, who)
+    return who
+
+
+async def _authorize_here(
+    route: Route,
+    perm: Permission,
+    authn: Authenticator,
+    svc: BrokerService,
+    request: web.Request,
+) -> Principal:
+    """``_authorize``; but a token this node does not know, while another node leads, may have
+    just been created there (used through a follower the moment it was made): asked about
+    again as entries are applied here, for at least ``CATCH_UP_MIN_S`` (a heartbeat or two)
+    and while this node trails what it heard the leader commit, at most ``CATCH_UP_S``."""
+    observe = svc.settings.auth_observe
+    start = time.monotonic()
+    while True:
+        try:
+            return _authorize(route, perm, authn, observe, request)
+        except UnknownToken:
+            waited = time.monotonic() - start
+            if svc.leads() or waited >= CATCH_UP_S:
+                raise
+            if waited >= CATCH_UP_MIN_S:
+                st = svc.raft.status()
+                if st.leader_commit is None or st.applied_index >= st.leader_commit:
+                    raise  # caught up: unknown here means unknown (a revoked token is too)
+            await asyncio.sleep(0.01)
+
+
+def _bind(route: Route, svc: BrokerService, fwd: Forwarder, authn: Authenticator) -> AioHandler:
+    """The aiohttp handler of one route: its query checked, the caller authorized, then the
+    leadership rule."""
     handler = functools.partial(route.handler, svc)
+    perm = route.perm
+    if perm is None:
+        raise ValueError(f"{route.method} {route.path} declares no permission")
+    audited = perm.action in (ADMIN, CLUSTER)
+
+    async def run(request: web.Request, who: Principal) -> web.StreamResponse:
+        resp = await handler(request)
+        if audited and resp.status < 400:
+            auth.audit(who, f"{route.method} {route.path}", request.path)
+        return resp
+
     if route.where != LEADER or route.stream:
         # Local routes answer here; streams redirect to the leader themselves (a WebSocket
         # is not forwarded).
         async def here(request: web.Request) -> web.StreamResponse:
             parse_query(route, request)
-            return await handler(request)
+            return await run(request, await _authorize_here(route, perm, authn, svc, request))
 
         return here
 
     async def at_leader(request: web.Request) -> web.StreamResponse:
         parse_query(route, request)
+        # Checked here with this node's own replicated state, and again at the leader.
+        who = await _authorize_here(route, perm, authn, svc, request)
         if not svc.leads():
             return await fwd.forward(route, request)
         try:
-            return await handler(request)
+            return await run(request, who)
         except LeaderLost:
             return await fwd.forward(route, request)
 
@@ -143,8 +215,15 @@ def build_app(
     app[ops.FORWARDER] = fwd
     app[STREAMS] = streams
     app[ops.DOCUMENT] = document(routes)
+    authn = Authenticator(
+        lambda tid: raft.read(lambda b: b.token(tid)),
+        enabled=settings.auth,
+        admin_token=settings.admin_token,
+        internal=settings.internal_token,
+    )
+    app[AUTHN] = authn
     for route in routes:
-        aio = _bind(route, svc, fwd)
+        aio = _bind(route, svc, fwd, authn)
         app.router.add_route(route.method, route.path, aio)
         if route.method == "GET" and not route.stream:
             app.router.add_route("HEAD", route.path, aio)  # (load balancers' health checks)

@@ -11,7 +11,8 @@ With ``--nats DIR`` (the perf-anchor scripts: start_nats.sh, bench_nats.py, stop
 runs NATS JetStream R3 with ``sync_interval: always`` and prints raftq/NATS ratios. The repeats
 are interleaved: round k runs raftq's cases, then NATS's (both clusters stay up, the other one
 idle), so the VM's drift (±15 % within the hour here) hits both sides alike. Writes JSON.
-Every server binds to 127.0.0.1 and is stopped at the end.
+Every server binds to 127.0.0.1 and is stopped at the end. Access control is on, as in
+production: the nodes get a fresh bootstrap admin token, which the bench's clients send.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from raftq.client import AsyncClient, RaftqError
-from raftq.node.devcluster import get_json, node_command, wait_for_leader
+from raftq.node.devcluster import get_json, new_admin_token, node_command, node_env, wait_for_leader
 
 CASES = "a,b,c,d,e,f"  # and "m": memory and restart with --m-messages queued (not by default)
 # raftq case -> the NATS anchor case it is compared with.
@@ -86,7 +87,8 @@ class LocalCluster:
         ]  # fmt: skip
         self.fsync = fsync
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.env = dict(os.environ, RAFTQ_SECRET=os.urandom(16).hex())
+        self.token = new_admin_token()  # the nodes' bootstrap admin token; clients send it
+        self.env = node_env(os.urandom(16).hex(), self.token)
 
     def start(self, nid: str | None = None) -> None:
         for me in self.layout:
@@ -103,8 +105,12 @@ class LocalCluster:
     def urls(self) -> list[str]:
         return [f"http://{n['api']}" for n in self.layout]
 
+    def client(self, urls: str | list[str], **kw: Any) -> AsyncClient:
+        """A client of this cluster, with its admin token."""
+        return AsyncClient(urls, token=self.token, **kw)
+
     def leader(self, timeout: float = 30.0) -> str:
-        lid = wait_for_leader([n["api"] for n in self.layout], timeout)
+        lid = wait_for_leader([n["api"] for n in self.layout], timeout, token=self.token)
         if lid is None:
             raise RuntimeError(f"no leader within {timeout} s; logs in {self.dir}")
         return lid
@@ -148,8 +154,10 @@ class LocalCluster:
         tick, snapshots)."""
         out: dict[str, dict[str, float]] = {}
         for n in self.layout:
+            req = urllib.request.Request(f"http://{n['api']}/metrics")
+            req.add_header("Authorization", f"Bearer {self.token}")  # (--auth-observe)
             try:
-                with urllib.request.urlopen(f"http://{n['api']}/metrics", timeout=5) as r:
+                with urllib.request.urlopen(req, timeout=5) as r:
                     text = r.read().decode()
             except OSError:
                 continue
@@ -169,7 +177,7 @@ class LocalCluster:
         while pending and time.monotonic() < deadline:
             for api in list(pending):
                 try:
-                    st = get_json(f"http://{api}/cluster", 0.5)
+                    st = get_json(f"http://{api}/cluster", 0.5, self.token)
                     if target is None and st.get("role") == "leader":
                         target = int(st["commit_index"])
                     if (
@@ -309,7 +317,7 @@ async def run_cases(
     cases = set(args.cases.split(","))
     for run in range(1, args.runs + 1):
         for size in [int(s) for s in args.sizes.split(",")]:
-            async with AsyncClient(cl.url_of(cl.leader()), timeout=60) as c:
+            async with cl.client(cl.url_of(cl.leader()), timeout=60) as c:
                 topic = f"bench-{size}-{run}-{os.getpid()}"
                 await c.create_topic(topic)
                 await one_run(c, topic, b"m" * size, run, args, cases, res)
@@ -429,12 +437,12 @@ async def failover(cl: LocalCluster) -> tuple[float, float | None]:
         while not stop.is_set() and not elected:
             for api in survivors:
                 with contextlib.suppress(OSError, ValueError):
-                    if get_json(f"http://{api}/cluster", 0.3).get("role") == "leader":
+                    if get_json(f"http://{api}/cluster", 0.3, cl.token).get("role") == "leader":
                         elected.append(time.perf_counter() - t0)
                         break
             stop.wait(0.02)
 
-    async with AsyncClient(cl.urls(), timeout=30, attempt_timeout=1) as c:
+    async with cl.client(cl.urls(), timeout=30, attempt_timeout=1) as c:
         await c.create_topic(topic)
         for _ in range(20):
             await c.publish(topic, b"x")
@@ -464,7 +472,7 @@ async def memory_and_restart(cl: LocalCluster, args: argparse.Namespace, res: Re
     n, per = args.m_messages, 1000
     topic = f"memory-{os.getpid()}"
     payload = b"m" * 100
-    async with AsyncClient(cl.url_of(cl.leader()), timeout=60) as c:
+    async with cl.client(cl.url_of(cl.leader()), timeout=60) as c:
         await c.create_topic(topic)
         reqs = -(-n // per)
         t0 = time.perf_counter()
@@ -481,7 +489,7 @@ async def memory_and_restart(cl: LocalCluster, args: argparse.Namespace, res: Re
     cl.start()
     ready = await asyncio.to_thread(cl.all_ready, 120)
     ready_s = time.perf_counter() - t0
-    async with AsyncClient(cl.urls(), timeout=60) as c:
+    async with cl.client(cl.urls(), timeout=60) as c:
         await c.publish(topic, payload)
         publish_s = time.perf_counter() - t0
         after = int((await c.topic(topic))["messages"])

@@ -3,10 +3,11 @@ dev cluster). Client subcommands are added by ``raftq.client.cli.register`` when
 
 Every ``raftq node`` option has an environment variable (``RAFTQ_ID``, ``RAFTQ_LISTEN``,
 ``RAFTQ_RAFT``, ``RAFTQ_PEERS``, ``RAFTQ_DATA_DIR``, ``RAFTQ_IN_MEMORY``, ``RAFTQ_SECRET``,
-``RAFTQ_INSECURE``, ``RAFTQ_FSYNC``, ``RAFTQ_MAX_BODY``, ``RAFTQ_SHUTDOWN_TIMEOUT``...: the
-flag's name in capitals); a flag wins over the variable. Peers are
-``id=raft_host:port/api_host:port`` separated by commas. A node needs ``--data-dir`` unless
-it is told ``--in-memory`` (nothing survives a restart: tests and demos only).
+``RAFTQ_INSECURE``, ``RAFTQ_TLS_CERT``, ``RAFTQ_FSYNC``, ``RAFTQ_MAX_BODY``,
+``RAFTQ_SHUTDOWN_TIMEOUT``...: the flag's name in capitals); a flag wins over the variable.
+Peers are ``id=raft_host:port/api_host:port`` separated by commas. A node needs
+``--data-dir`` unless it is told ``--in-memory`` (nothing survives a restart: tests and demos
+only).
 """
 
 from __future__ import annotations
@@ -71,6 +72,53 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="allow running without a secret (tests only) [RAFTQ_INSECURE]",
     )
     p.add_argument(
+        "--auth",
+        choices=["on", "off"],
+        default=_env("AUTH", "on"),
+        help="access control: every API call needs a token (off: anyone may do anything;"
+        " development only) [RAFTQ_AUTH] (default on)",
+    )
+    p.add_argument(
+        "--admin-token",
+        default=_env("ADMIN_TOKEN"),
+        help="bootstrap admin token (16+ characters; all rights); prefer the variable or"
+        " --admin-token-file [RAFTQ_ADMIN_TOKEN]",
+    )
+    p.add_argument(
+        "--admin-token-file",
+        default=_env("ADMIN_TOKEN_FILE"),
+        help="read the bootstrap admin token from this file [RAFTQ_ADMIN_TOKEN_FILE]",
+    )
+    p.add_argument(
+        "--auth-observe",
+        action="store_true",
+        default=_truthy(_env("AUTH_OBSERVE")),
+        help="/metrics and /openapi.json need a token too (default: open) [RAFTQ_AUTH_OBSERVE]",
+    )
+    p.add_argument(
+        "--tls-cert",
+        default=_env("TLS_CERT"),
+        help="serve the API over HTTPS only with this PEM certificate (chain), reloaded on"
+        " SIGHUP; needs --tls-key [RAFTQ_TLS_CERT]",
+    )
+    p.add_argument(
+        "--tls-key",
+        default=_env("TLS_KEY"),
+        help="the certificate's PEM private key, unencrypted [RAFTQ_TLS_KEY]",
+    )
+    p.add_argument(
+        "--tls-client-ca",
+        default=_env("TLS_CLIENT_CA"),
+        help="require client certificates signed by this CA (PEM); this node then presents"
+        " its own certificate to the others, so it must allow client use [RAFTQ_TLS_CLIENT_CA]",
+    )
+    p.add_argument(
+        "--tls-ca",
+        default=_env("TLS_CA"),
+        help="the CA (PEM) this node verifies other nodes' certificates with"
+        " [RAFTQ_TLS_CA] (default: the system's store)",
+    )
+    p.add_argument(
         "--fsync",
         choices=["always", "never"],
         default=_env("FSYNC", "always"),
@@ -128,6 +176,23 @@ def _run_node(args: argparse.Namespace) -> int:
     # (argparse checks choices for flags, not for defaults taken from the environment)
     if args.fsync not in ("always", "never"):
         parser.error(f"--fsync (or RAFTQ_FSYNC) must be always or never, not {args.fsync!r}")
+    if args.auth not in ("on", "off"):
+        parser.error(f"--auth (or RAFTQ_AUTH) must be on or off, not {args.auth!r}")
+    admin_token = args.admin_token
+    if args.admin_token_file:
+        if admin_token:
+            parser.error("--admin-token and --admin-token-file exclude each other")
+        try:
+            with open(args.admin_token_file) as f:
+                admin_token = f.read().strip()
+        except OSError as e:
+            parser.error(f"--admin-token-file: {e.strerror or e}: {args.admin_token_file}")
+    if admin_token is not None and len(admin_token) < 16:
+        parser.error("the admin token must be at least 16 characters (use raftq token new)")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key (RAFTQ_TLS_CERT, RAFTQ_TLS_KEY) go together")
+    if not args.tls_cert and (args.tls_client_ca or args.tls_ca):
+        parser.error("--tls-client-ca and --tls-ca need --tls-cert and --tls-key (TLS is off)")
     if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         parser.error(f"--log-level (or RAFTQ_LOG_LEVEL): unknown level {args.log_level!r}")
     for flag, value, lo in (
@@ -149,6 +214,11 @@ def _run_node(args: argparse.Namespace) -> int:
     # One peer list for every member (a StatefulSet template): this node's own entry is skipped.
     peers.pop(args.id, None)
     _logging(args.log_level)
+    # Read once: not left for child processes to inherit (a forked snapshot writer still has a
+    # copy of memory, and /proc/<pid>/environ keeps the original block: use files for secrets
+    # where that matters).
+    for name in ("RAFTQ_SECRET", "RAFTQ_ADMIN_TOKEN"):
+        os.environ.pop(name, None)
     opts = NodeOptions(
         node_id=args.id,
         listen=args.listen,
@@ -158,11 +228,18 @@ def _run_node(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         secret=args.secret,
         insecure=args.insecure,
+        auth=args.auth == "on",
+        admin_token=admin_token or None,
+        auth_observe=args.auth_observe,
         fsync=args.fsync,
         max_body=args.max_body,
         shutdown_timeout=args.shutdown_timeout,
         max_inflight=max(1, args.max_inflight),
         batch_linger=max(0.0, args.batch_linger_ms / 1000),
+        tls_cert=args.tls_cert or None,
+        tls_key=args.tls_key or None,
+        tls_client_ca=args.tls_client_ca or None,
+        tls_ca=args.tls_ca or None,
     )
     return asyncio.run(serve(opts))
 
@@ -176,6 +253,11 @@ def add_cluster_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     up.add_argument("--api-port", type=int, default=8001, help="first HTTP port (default 8001)")
     up.add_argument("--raft-port", type=int, default=9001, help="first Raft port (default 9001)")
     up.add_argument("--fsync", choices=["always", "never"], default="always")
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve HTTPS, with a throwaway CA made under --dir/tls (give clients its ca.pem)",
+    )
     up.set_defaults(func=_run_cluster_up)
 
 
@@ -183,7 +265,7 @@ def _run_cluster_up(args: argparse.Namespace) -> int:
     from raftq.node.devcluster import cluster_up
 
     _logging("INFO")
-    return cluster_up(args.nodes, args.dir, args.api_port, args.raft_port, args.fsync)
+    return cluster_up(args.nodes, args.dir, args.api_port, args.raft_port, args.fsync, args.tls)
 
 
 def _logging(level: str) -> None:

@@ -1,8 +1,13 @@
 """``raftq cluster up``: N node processes on loopback for development.
 
-Data, logs, the layout (``cluster.json``) and a generated secret (``secret``, mode 0600) live
-under ``--dir`` (default ``./.raftq``); running again reuses them, so the cluster resumes with its
-data. Ctrl-C (or SIGTERM) stops every node gracefully (SIGTERM, then SIGKILL after a bound).
+Data, logs, the layout (``cluster.json``), a generated cluster secret (``secret``) and a
+generated bootstrap admin token (``admin.token``; both mode 0600) live under ``--dir`` (default
+``./.raftq``); running again reuses them, so the cluster resumes with its data and its token.
+Access control is on, as in production: each node gets the admin token through its environment
+(``RAFTQ_ADMIN_TOKEN``, never in argv, which ``ps`` shows), and the ``raftq`` CLI run from the
+directory holding ``.raftq`` reads ``.raftq/admin.token`` by itself. Ctrl-C (or SIGTERM) stops
+every node gracefully (SIGTERM, then SIGKILL after a bound). With ``--tls`` the nodes serve
+HTTPS with a throwaway CA and certificate made (once) under ``<dir>/tls``; clients get the CA.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -21,7 +27,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from raftq.node.tlsutil import DevCA, make_dev_ca
+
 STOP_TIMEOUT = 25.0
+ADMIN_TOKEN_FILE = "admin.token"  # under --dir; the CLI's default is ./.raftq/admin.token
+TLS_DIR = "tls"  # under --dir: the throwaway CA and node certificate of --tls
+MIN_TOKEN = 16  # what a node accepts as --admin-token
+
+
+class Refused(RuntimeError):
+    """A node refused our credential (401/403): waiting longer cannot help."""
 
 
 def _layout(base: Path, nodes: int, api_port: int, raft_port: int) -> list[dict[str, str]]:
@@ -69,53 +84,118 @@ def _busy(layout: list[dict[str, str]]) -> list[str]:
     return busy
 
 
-def _secret(base: Path) -> str:
-    path = base / "secret"
-    if path.exists():
+def new_admin_token() -> str:
+    """A fresh bootstrap admin token, as ``raftq token new`` prints one."""
+    return f"rq_admin.{secrets.token_urlsafe(32)}"
+
+
+def _kept(path: Path, make: Callable[[], str]) -> str:
+    """The value kept in ``path``, made and written (mode 0600) on first use."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
         return path.read_text().strip()
-    value = secrets.token_urlsafe(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    value = make()
     with os.fdopen(fd, "w") as f:
-        f.write(value)
+        f.write(value + "\n")
     return value
 
 
+def _secret(base: Path) -> str:
+    return _kept(base / "secret", lambda: secrets.token_urlsafe(24))
+
+
+def _admin_token(base: Path) -> str:
+    path = base / ADMIN_TOKEN_FILE
+    token = _kept(path, new_admin_token)
+    if len(token) < MIN_TOKEN:
+        raise SystemExit(
+            f"{path} holds no usable admin token (16+ characters); delete it to get a new one"
+        )
+    return token
+
+
 def node_command(
-    me: dict[str, str], layout: list[dict[str, str]], data_dir: Path, fsync: str = "always"
+    me: dict[str, str],
+    layout: list[dict[str, str]],
+    data_dir: Path,
+    fsync: str = "always",
+    tls: DevCA | None = None,
 ) -> list[str]:
     peers = ",".join(f"{n['id']}={n['raft']}/{n['api']}" for n in layout if n["id"] != me["id"])
-    return [
+    cmd = [
         sys.executable, "-m", "raftq.node", "node",
         "--id", me["id"], "--listen", me["api"], "--raft", me["raft"],
         "--peers", peers, "--data-dir", str(data_dir), "--fsync", fsync,
     ]  # fmt: skip
+    if tls is not None:  # (one certificate for every dev node: they all are 127.0.0.1)
+        cmd += [
+            "--tls-cert",
+            str(tls.cert),
+            "--tls-key",
+            str(tls.key),
+            "--tls-ca",
+            str(tls.ca_cert),
+        ]
+    return cmd
 
 
-def get_json(url: str, timeout: float = 1.0) -> Any:
+def dev_ca(base: Path) -> DevCA:
+    """The dev cluster's throwaway CA and node certificate under ``base/tls``, made on first
+    use and kept (like the secret), so clients keep trusting the same CA across runs."""
+    out = base / TLS_DIR
+    kept = DevCA(out / "ca.pem", out / "ca.key", out / "node.pem", out / "node.key")
+    if all(p.exists() for p in (kept.ca_cert, kept.cert, kept.key)):
+        return kept
+    return make_dev_ca(out)
+
+
+def get_json(
+    url: str, timeout: float = 1.0, token: str | None = None, ca: Path | None = None
+) -> Any:
+    """GET ``url`` as JSON, sending ``token`` as the bearer credential when given (and
+    trusting the CA ``ca`` for https); an error status gives its error body."""
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:
-        return json.loads(e.read() or b"{}")
+        with e:
+            return json.loads(e.read() or b"{}")
 
 
 def wait_for_leader(
-    apis: list[str], timeout: float, failed: Callable[[], bool] = lambda: False
+    apis: list[str],
+    timeout: float,
+    failed: Callable[[], bool] = lambda: False,
+    token: str | None = None,
+    ca: Path | None = None,
 ) -> str | None:
+    """The id of a node that says it leads, polling ``GET /cluster`` (which needs a token);
+    None after ``timeout`` or once ``failed()``. Raises ``Refused`` if a node refuses
+    ``token``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not failed():
         for api in apis:
             try:
-                st = get_json(f"http://{api}/cluster", 0.5)
+                scheme = "http" if ca is None else "https"
+                st = get_json(f"{scheme}://{api}/cluster", 0.5, token, ca)
             except (OSError, ValueError):
                 continue
+            if st.get("code") in ("unauthenticated", "forbidden"):
+                raise Refused(f"{api}: {st['code']}: {st.get('message')}")
             if st.get("role") == "leader":
                 return str(st.get("node"))
         time.sleep(0.2)
     return None
 
 
-def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync: str) -> int:
+def cluster_up(
+    nodes: int, directory: str, api_port: int, raft_port: int, fsync: str, tls: bool = False
+) -> int:
     if not 1 <= nodes <= 9:
         raise SystemExit("--nodes must be between 1 and 9")
     base = Path(directory).resolve()
@@ -129,7 +209,10 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
             file=sys.stderr,
         )
         return 1
-    env = dict(os.environ, RAFTQ_SECRET=_secret(base))
+    token = _admin_token(base)
+    env = node_env(_secret(base), token)
+    ca = dev_ca(base) if tls else None
+    scheme = "https" if tls else "http"
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
 
@@ -145,7 +228,7 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
             d.mkdir(exist_ok=True)
             log = open(d / "node.log", "ab")  # noqa: SIM115 - handed to the child
             procs[n["id"]] = subprocess.Popen(
-                node_command(n, layout, d, fsync),
+                node_command(n, layout, d, fsync, ca),
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -153,9 +236,17 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
             )
             log.close()
         apis = [n["api"] for n in layout]
-        leader = wait_for_leader(
-            apis, 30.0, lambda: stopping or any(p.poll() is not None for p in procs.values())
-        )
+        try:
+            leader = wait_for_leader(
+                apis,
+                30.0,
+                lambda: stopping or any(p.poll() is not None for p in procs.values()),
+                token,
+                None if ca is None else ca.ca_cert,
+            )
+        except Refused as e:
+            print(f"a node refused the admin token of {base}: {e}", file=sys.stderr)
+            return 1
         if leader is None and stopping:
             return 0
         if leader is None:
@@ -174,18 +265,29 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
             first = apis[0]
             print(f"raftq cluster of {nodes} is up; leader {leader}; data and logs in {base}")
             for n in layout:
-                print(f"  {n['id']}  http://{n['api']}  (raft {n['raft']})")
+                print(f"  {n['id']}  {scheme}://{n['api']}  (raft {n['raft']})")
+            print(_token_note(base, token, off=env.get("RAFTQ_AUTH") == "off"))
+            auth = '-H "Authorization: Bearer $RAFTQ_TOKEN"'
+            if ca is not None:
+                urls = ",".join(f"https://{n['api']}" for n in layout)
+                print(
+                    f"TLS is on, with a throwaway CA made for this cluster ({ca.ca_cert}): "
+                    "give it to clients (ca=, --ca or RAFTQ_CA) with https:// URLs:\n"
+                    f"  export RAFTQ_URL={urls} RAFTQ_CA={ca.ca_cert}"
+                )
+                auth += f" --cacert {ca.ca_cert}"
             print("\nTry it (any node works; followers forward to the leader):")
-            print(f'  curl -s -XPOST http://{first}/topics -d \'{{"topic":"orders"}}\'')
+            print(f"  export RAFTQ_TOKEN=$(cat {base / ADMIN_TOKEN_FILE})")
+            print(f'  curl -s {auth} -XPOST {scheme}://{first}/topics -d \'{{"topic":"orders"}}\'')
             print(
-                f"  curl -s -XPOST http://{first}/topics/orders/messages "
+                f"  curl -s {auth} -XPOST {scheme}://{first}/topics/orders/messages "
                 '-d \'{"payload":"aGVsbG8="}\''
             )
             print(
-                f"  curl -s -XPOST http://{first}/topics/orders/groups/default/receive "
+                f"  curl -s {auth} -XPOST {scheme}://{first}/topics/orders/groups/default/receive "
                 "-d '{\"wait\":5}'"
             )
-            print(f"  curl -s http://{first}/cluster\n\nCtrl-C stops the cluster.")
+            print(f"  curl -s {auth} {scheme}://{first}/cluster\n\nCtrl-C stops the cluster.")
             sys.stdout.flush()
         while not stopping:
             for nid, p in procs.items():
@@ -200,6 +302,39 @@ def cluster_up(nodes: int, directory: str, api_port: int, raft_port: int, fsync:
         code = stop_all(procs)
         print("cluster stopped")
     return code
+
+
+def node_env(secret: str, admin_token: str) -> dict[str, str]:
+    """The environment of a node process: ours, with the cluster secret and the bootstrap
+    admin token (never on the command line: ``ps`` shows argv to every user)."""
+    env = dict(os.environ, RAFTQ_SECRET=secret, RAFTQ_ADMIN_TOKEN=admin_token)
+    env.pop("RAFTQ_ADMIN_TOKEN_FILE", None)  # (the node refuses both at once)
+    return env
+
+
+def _token_note(base: Path, token: str, off: bool = False) -> str:
+    """Where the admin token is and who finds it (the CLI looks in ./.raftq/admin.token)."""
+    path = base / ADMIN_TOKEN_FILE
+    state = "OFF (RAFTQ_AUTH=off in this environment)" if off else "on"
+    lines = [
+        f"\nAccess control is {state}. Admin token (all rights), kept in"
+        f" {path} (mode 0600):\n  {token}"
+    ]
+    if Path(".raftq", ADMIN_TOKEN_FILE).resolve() == path:
+        lines.append(
+            "The raftq CLI (raftq status, topic, publish, consume...) run from this directory"
+            " finds it by itself;"
+        )
+    else:
+        lines.append(f"The raftq CLI finds it with --token-file {path} (or RAFTQ_TOKEN_FILE);")
+    lines.append("clients (AsyncClient, Client, the CLI) take RAFTQ_TOKEN.")
+    given = os.environ.get("RAFTQ_TOKEN")
+    if given and given != token:
+        lines.append(
+            "note: RAFTQ_TOKEN is set in this shell to another token, and the CLI prefers it"
+            " to the file: unset it, or set it to this one"
+        )
+    return "\n".join(lines)
 
 
 def stop_all(procs: dict[str, subprocess.Popen[bytes]]) -> int:

@@ -29,6 +29,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "receipt_invalid": 400,  # not a receipt this cluster issued (or tampered with)
     "receipt_stale": 409,  # a real receipt whose delivery is over (acked, expired, redelivered)
     # node errors
+    "unauthenticated": 401,  # no token, or one that is invalid, disabled or expired
+    "forbidden": 403,  # a valid token without the right (names the action and topic)
     "malformed_body": 400,
     "unknown_field": 400,
     "unsupported_media_type": 415,
@@ -38,6 +40,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "route_not_found": 404,
     "method_not_allowed": 405,
     "upgrade_required": 426,  # a plain GET of a WebSocket endpoint
+    "tls_required": 400,  # plain HTTP on a TLS port (answered by raftq.node.httpsite)
+    "client_certificate_required": 401,  # TLS without the client certificate the node requires
     "membership_refused": 409,  # not a member to remove, already one, or a change in progress
     "no_leader": 503,
     "overloaded": 503,
@@ -63,6 +67,7 @@ class ApiError(Exception):
         *,
         retry_after: float | None = None,
         close: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -70,6 +75,7 @@ class ApiError(Exception):
         self.details = details or {}
         self.retry_after = retry_after
         self.close = close  # close the connection after answering (unread request bytes)
+        self.headers = headers or {}  # response headers of its own (WWW-Authenticate)
 
     @property
     def status(self) -> int:

@@ -62,5 +62,7 @@ def respond(
 
 def error_response(err: ApiError) -> web.Response:
     # Errors are always JSON (the body is tiny and every client can read it).
-    headers = {"Retry-After": str(int(err.retry_after))} if err.retry_after else None
-    return web.json_response(err.body(), status=err.status, headers=headers)
+    headers = dict(err.headers)
+    if err.retry_after:
+        headers["Retry-After"] = str(int(err.retry_after))
+    return web.json_response(err.body(), status=err.status, headers=headers or None)

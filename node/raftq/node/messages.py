@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from raftq.node import codec, commands, httpio
+from raftq.node.auth import ADMIN, BODY, CONSUME, PATH, PUBLISH, Permission, Principal
 from raftq.node.errors import ApiError
-from raftq.node.routes import Query, Route, path_name, query
+from raftq.node.routes import Query, Route, path_name, principal, query
 from raftq.node.service import BrokerService, Leader
 from raftq.node.topics import TG, topic_group
 
@@ -60,7 +61,8 @@ async def receive(svc: BrokerService, request: web.Request) -> web.StreamRespons
     topic, group = topic_group(request)
     cmd, wait = commands.receive(topic, group, await httpio.read_body(request))
     consumer = cmd["consumer"]
-    with svc.handing_out(consumer):
+    # (a consumer id is the caller's to choose: a drop releases only what it may consume)
+    with svc.handing_out(consumer, principal(request).patterns(CONSUME)):
         deliveries = await svc.long_poll(cmd, wait)
         out = {
             "consumer": consumer,
@@ -131,9 +133,17 @@ async def forward_receive(
         raise
 
 
+def may_settle(who: Principal, cmd: dict[str, Any]) -> None:
+    """Settling a receipt needs ``consume`` on its topic (a receipt starts ``topic:``; one
+    that does not is reported invalid by the state machine)."""
+    for topic in sorted({r.partition(":")[0] for r in cmd["receipts"] if ":" in r}):
+        who.require(CONSUME, topic)
+
+
 def _settle(op: str) -> Any:
     async def settle(svc: BrokerService, request: web.Request) -> web.StreamResponse:
         cmd = commands.settle(op, await httpio.read_body(request))
+        may_settle(principal(request), cmd)
         return httpio.respond(request, await svc.call(cmd))
 
     settle.__name__ = settle.__qualname__ = op
@@ -143,31 +153,39 @@ def _settle(op: str) -> Any:
 async def release_consumer(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     cmd = commands.release(request.match_info["consumer"])
     commands.empty(await httpio.read_body(request))
+    patterns = principal(request).patterns(CONSUME)
+    if patterns is not None:  # only what it may consume: other tokens' deliveries stay
+        if not patterns:
+            principal(request).require(CONSUME, "*")
+        cmd["topics"] = patterns
     return httpio.respond(request, await svc.call(cmd))
 
 
 T = "/topics/{topic}"
+SETTLE = Permission(CONSUME, BODY)  # the topic of each receipt
 ROUTES = [
     Route("POST", T + "/messages", publish_one, "Publish one message", body="Message",
-          answer="Published"),
+          answer="Published", perm=Permission(PUBLISH, PATH)),
     Route("GET", T + "/messages", peek, "Peek retained messages (e.g. dead letters)",
           query=(Query("from_seq", doc="first sequence number to show"),
                  Query("limit", default=10, doc="at most this many (1-1000)")),
-          answer="Peek"),
+          answer="Peek", perm=Permission(ADMIN, PATH)),
     Route("POST", T + "/publish", publish_batch, "Publish a batch", body="PublishBatch",
-          answer="PublishedBatch"),
+          answer="PublishedBatch", perm=Permission(PUBLISH, PATH)),
     Route("POST", T + "/redrive", redrive, "Move dead letters back to their source group",
-          body="Redrive"),
+          body="Redrive", perm=Permission(ADMIN, PATH)),
     Route("POST", TG + "/receive", receive, "Receive deliveries (long poll up to 20 s)",
-          body="Receive", answer="Deliveries", forward=forward_receive),
+          body="Receive", answer="Deliveries", forward=forward_receive,
+          perm=Permission(CONSUME, PATH)),
     Route("POST", "/ack", _settle("ack"), "Acknowledge deliveries", body="Receipts",
-          answer="SettleResult"),
+          answer="SettleResult", perm=SETTLE),
     Route("POST", "/nack", _settle("nack"), "Fail deliveries (retry after delay or backoff)",
-          body="Nack", answer="SettleResult"),
+          body="Nack", answer="SettleResult", perm=SETTLE),
     Route("POST", "/extend", _settle("extend"), "Extend visibility deadlines", body="Extend",
-          answer="SettleResult"),
+          answer="SettleResult", perm=SETTLE),
     Route("POST", "/term", _settle("term"), "Dead-letter deliveries now", body="Term",
-          answer="SettleResult"),
+          answer="SettleResult", perm=SETTLE),
     Route("POST", "/consumers/{consumer}/release", release_consumer,
-          "Give back every delivery of a consumer", body="Empty"),
+          "Give back the deliveries of a consumer (on the topics the token may consume)",
+          body="Empty", perm=Permission(CONSUME, BODY)),
 ]  # fmt: skip

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from raftq.cluster.validate import NAME_RE
+from raftq.node.auth import OBSERVE, PUBLIC
 from raftq.node.errors import STATUS_BY_CODE
 
 if TYPE_CHECKING:
@@ -150,6 +151,41 @@ SCHEMAS: dict[str, Any] = {
             "members": ANY,
         }
     ),
+    "Grant": _obj(
+        {
+            "topics": {"type": "string", "description": "a topic, a prefix such as orders.*, or *"},
+            "actions": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["publish", "consume", "admin"]},
+                "minItems": 1,
+            },
+        },
+        ["topics", "actions"],
+    ),
+    "CreateToken": _obj(
+        {
+            "name": S,
+            "grants": {"type": "array", "items": _ref("Grant")},
+            "cluster": B,
+            "expires_in": {"type": "number", "description": "seconds from now"},
+        },
+        ["name"],
+    ),
+    "UpdateToken": _obj(
+        {
+            "name": S,
+            "grants": {"type": "array", "items": _ref("Grant")},
+            "cluster": B,
+            "expires_in": N,
+            "disabled": B,
+        }
+    ),
+    "Token": {
+        "type": "object",
+        "description": "a token's public view (create also answers its secret: token)",
+        "additionalProperties": True,
+    },
+    "TokenList": _obj({"tokens": {"type": "array", "items": _ref("Token")}}),
     "Empty": _obj({}),
     "Any": ANY,
 }
@@ -215,6 +251,8 @@ def _operation(route: Route) -> dict[str, Any]:
         "parameters": params,
         "responses": responses,
     }
+    if route.perm is not None and route.perm.action in (PUBLIC, OBSERVE):
+        op["security"] = []  # (OBSERVE: unless the node is run with --auth-observe)
     if route.body is not None:
         op["requestBody"] = {"required": route.body != "Empty", "content": _content(route.body)}
     return op
@@ -232,5 +270,11 @@ def document(routes: Sequence[Route]) -> dict[str, Any]:
             "description": __doc__,
         },
         "paths": paths,
-        "components": {"schemas": SCHEMAS},
+        "security": [{"bearer": []}],
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "rq_<id>.<secret>"}
+            },
+        },
     }

@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from raftq.node import commands, httpio
+from raftq.node.auth import AUTHENTICATED, CLUSTER, OBSERVE, PUBLIC, Permission
 from raftq.node.errors import ApiError
 from raftq.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from raftq.node.proxy import Forwarder
@@ -32,7 +33,7 @@ async def add_member(svc: BrokerService, request: web.Request) -> web.StreamResp
         # cluster of three, adding it and then losing one node stops all writes.
         raise ApiError(
             "membership_refused",
-            f"{node_id} does not answer at http://{api}/healthz; start it first"
+            f"{node_id} does not answer at {svc.settings.url(api)}/healthz; start it first"
             " (with every member as a peer), then add it",
             {"api": api},
         )
@@ -99,17 +100,19 @@ async def openapi(svc: BrokerService, request: web.Request) -> web.StreamRespons
 
 ROUTES = [
     Route("GET", "/cluster", cluster, "This node, its role, the leader and the members",
-          where=LOCAL, strict_query=False, answer="Cluster",
+          where=LOCAL, strict_query=False, answer="Cluster", perm=Permission(AUTHENTICATED),
           query=(Query("digest", kind="flag",
                        doc="1 or true: add a fingerprint of this replica's state"),)),
     Route("POST", "/cluster/members", add_member, "Add a member (start it first)",
-          body="AddMember"),
+          body="AddMember", perm=Permission(CLUSTER)),
     Route("DELETE", "/cluster/members/{node}", remove_member, "Remove a member", body="Empty",
-          params={"node": "the member's id"}),
-    Route("GET", "/healthz", healthz, "Process is alive", where=LOCAL, strict_query=False),
+          params={"node": "the member's id"}, perm=Permission(CLUSTER)),
+    Route("GET", "/healthz", healthz, "Process is alive", where=LOCAL, strict_query=False,
+          perm=Permission(PUBLIC)),
     Route("GET", "/readyz", readyz, "Has a leader and is caught up (503 otherwise)",
-          where=LOCAL, strict_query=False, ok=(200, 503)),
+          where=LOCAL, strict_query=False, ok=(200, 503), perm=Permission(PUBLIC)),
     Route("GET", "/metrics", metrics, "Prometheus metrics (text format)", where=LOCAL,
-          strict_query=False, answer="text/plain"),
-    Route("GET", "/openapi.json", openapi, "This document", where=LOCAL, strict_query=False),
+          strict_query=False, answer="text/plain", perm=Permission(OBSERVE)),
+    Route("GET", "/openapi.json", openapi, "This document", where=LOCAL, strict_query=False,
+          perm=Permission(OBSERVE)),
 ]  # fmt: skip

@@ -11,6 +11,7 @@ headers in ``FORWARD_HEADERS`` and the response headers in ``ANSWER_HEADERS`` cr
 from __future__ import annotations
 
 import logging
+import ssl
 import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
@@ -47,6 +48,12 @@ class Forwarder:
         yield
         await self.session.close()
 
+    def _ssl(self) -> ssl.SSLContext | bool:
+        """How calls to other nodes verify them: the node's peer context (TLS on; it may have
+        been reloaded since the last call), else aiohttp's default (unused over http)."""
+        peer = self.settings.peer_ssl
+        return peer() if peer is not None else True
+
     async def forward(self, route: Route, request: web.Request) -> web.StreamResponse:
         """Forward a leader route to the leader, once; answer its response as is."""
         if request.headers.get(FORWARDED):
@@ -72,7 +79,7 @@ class Forwarder:
             if h in request.headers:
                 headers[h] = request.headers[h]
         assert self.session is not None
-        url = f"http://{leader.api}{request.path_qs}"
+        url = self.settings.url(leader.api) + request.path_qs
         self.svc.metrics.proxied.inc()
         name = leader.id or leader.api
         try:
@@ -82,9 +89,19 @@ class Forwarder:
                 data=body,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.settings.proxy_timeout),
+                ssl=self._ssl(),
             ) as r:
                 data = await r.read()
                 status, ctype, upstream = r.status, r.content_type, r.headers
+        except aiohttp.ClientSSLError as e:  # this node's --tls-ca does not trust the leader
+            log.error("forwarding to leader %s at %s: TLS failed: %s", name, leader.api, e)
+            raise ApiError(
+                "no_leader",
+                f"this node could not set up TLS with leader {name} at {leader.api}"
+                " (its certificate is not trusted here: see this node's log)",
+                {"leader": leader.id},
+                retry_after=self.settings.retry_after,
+            ) from None
         except aiohttp.ClientConnectorError:
             raise ApiError(
                 "no_leader",
@@ -100,7 +117,7 @@ class Forwarder:
                 f"lost the connection to leader {name}; the request may have been applied",
                 {"leader": leader.id},
             ) from None
-        out = {LEADER_HEADER: f"http://{leader.api}"}
+        out = {LEADER_HEADER: self.settings.url(leader.api)}
         for h in ANSWER_HEADERS:
             if h in upstream:
                 out[h] = upstream[h]
@@ -111,10 +128,15 @@ class Forwarder:
         if self.session is None:
             return
         try:
+            headers = {FORWARDED: self.settings.node_id}
+            if self.settings.internal_token:  # the node's own credential (raftq.node.auth)
+                headers["Authorization"] = f"Bearer {self.settings.internal_token}"
+            quoted = urllib.parse.quote(consumer, safe="")
             async with self.session.post(
-                f"http://{leader_api}/consumers/{urllib.parse.quote(consumer, safe='')}/release",
-                headers={FORWARDED: self.settings.node_id},
+                f"{self.settings.url(leader_api)}/consumers/{quoted}/release",
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.settings.propose_timeout + 1),
+                ssl=self._ssl(),
             ) as r:
                 await r.read()
         except (aiohttp.ClientError, TimeoutError) as e:
@@ -126,7 +148,9 @@ class Forwarder:
             return False
         try:
             async with self.session.get(
-                f"http://{api}/healthz", timeout=aiohttp.ClientTimeout(total=timeout)
+                f"{self.settings.url(api)}/healthz",
+                timeout=aiohttp.ClientTimeout(total=timeout),
+                ssl=self._ssl(),
             ) as r:
                 return r.status == 200
         except (aiohttp.ClientError, TimeoutError):

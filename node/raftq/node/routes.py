@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from raftq.node import commands, httpio
+from raftq.node.auth import Authenticator, Permission, Principal
 from raftq.node.errors import ApiError
 
 if TYPE_CHECKING:
@@ -98,6 +99,8 @@ class Route:
     # and scrapers add their own.
     strict_query: bool = True
     forward: ForwardHook | None = None  # how a follower forwards it, if not as is
+    # What the caller needs (``auth.Permission``); a route without one does not start.
+    perm: Permission | None = None
     # For the OpenAPI document: the request body's schema (None: no body), the success
     # statuses and the response schema (names in ``openapi.SCHEMAS``).
     body: str | None = None
@@ -111,6 +114,8 @@ class Route:
 
 
 _QUERY_KEY: web.RequestKey[dict[str, Any]] = web.RequestKey("query", dict)
+_PRINCIPAL_KEY: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
+AUTHN: web.AppKey[Authenticator] = web.AppKey("authenticator", Authenticator)
 
 
 def parse_query(route: Route, request: web.Request) -> None:
@@ -145,3 +150,19 @@ def query(request: web.Request) -> dict[str, Any]:
 def path_name(request: web.Request, field: str) -> str:
     """A topic or group name from the path, checked (``commands.name``)."""
     return commands.name(request.match_info[field], field)
+
+
+def set_principal(request: web.Request, principal: Principal) -> None:
+    request[_PRINCIPAL_KEY] = principal
+
+
+def principal(request: web.Request) -> Principal:
+    """Who is calling (authenticated, and checked against the route's permission, before the
+    handler runs)."""
+    return request[_PRINCIPAL_KEY]
+
+
+def recheck(request: web.Request, who: Principal) -> Principal:
+    """``who`` as the replicated state says now (``Authenticator.recheck``): for streams,
+    which authenticate once, at their handshake."""
+    return request.app[AUTHN].recheck(who)

@@ -1,4 +1,5 @@
-"""One node process: Raft binding + HTTP API, and its orderly shutdown.
+"""One node process: Raft binding + HTTP API (HTTPS with ``--tls-cert``), and its orderly
+shutdown.
 
 On SIGTERM / SIGINT, within ``shutdown_timeout`` seconds: stop accepting connections; answer
 waiting long polls at once (empty); let in-flight requests finish; release the deliveries of
@@ -18,8 +19,11 @@ from typing import Any
 from aiohttp import web
 
 from raftq.node.app import NodeSettings, build_app
+from raftq.node.auth import internal_token
 from raftq.node.commands import host_port
+from raftq.node.httpsite import HttpsSite
 from raftq.node.raftapi import Raft
+from raftq.node.tlsutil import NodeTLS, TLSConfigError, TLSFiles, covers, describe
 
 log = logging.getLogger("raftq.node")
 
@@ -45,11 +49,21 @@ class NodeOptions:
     data_dir: str | None = None
     secret: str | None = None
     insecure: bool = False
+    auth: bool = True
+    admin_token: str | None = field(default=None, repr=False)
+    auth_observe: bool = False
     fsync: str = "always"
     max_body: int = 8 << 20
     shutdown_timeout: float = 15.0
     max_inflight: int = 4
     batch_linger: float = 0.001
+    # HTTPS (raftq.node.tlsutil): the API's certificate and key; client certificates required
+    # and verified against tls_client_ca; other nodes verified against tls_ca (default: the
+    # system's store). Certificate and key are reloaded on SIGHUP.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    tls_ca: str | None = None
 
 
 def split_hostport(value: str, what: str) -> tuple[str, int]:
@@ -99,18 +113,45 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> int:
     host, port = split_hostport(opts.listen, "--listen")
+    tls: NodeTLS | None = None
+    if opts.tls_cert or opts.tls_key:
+        try:  # before Raft starts: a node that cannot serve does not join in
+            tls = load_tls(opts)
+        except TLSConfigError as e:
+            log.error("node %s: TLS: %s", opts.node_id, e)
+            return 1
     raft = raft_factory(opts)
     try:
         raft.start()
     except Exception as e:
         log.error("node %s: Raft did not start: %s", opts.node_id, e)
         return 1
+    key = opts.secret or opts.admin_token  # the internal credential's (the same on every node)
     settings = NodeSettings(
         node_id=opts.node_id,
         max_body=opts.max_body,
         max_inflight=opts.max_inflight,
         batch_linger=opts.batch_linger,
+        auth=opts.auth,
+        admin_token=opts.admin_token,
+        internal_token=internal_token(key) if key else None,
+        auth_observe=opts.auth_observe,
+        scheme="https" if tls is not None else "http",
+        peer_ssl=tls.peer if tls is not None else None,
     )
+    if not opts.auth:
+        log.warning(
+            "node %s: ACCESS CONTROL IS OFF (--auth off): anyone who reaches %s may read,"
+            " publish, delete and reconfigure everything",
+            opts.node_id,
+            opts.listen,
+        )
+    elif not opts.admin_token:
+        log.warning(
+            "node %s: access control is on and no admin token is set (RAFTQ_ADMIN_TOKEN):"
+            " only tokens already in the cluster's state are accepted",
+            opts.node_id,
+        )
     app = build_app(raft, settings)
     runner = web.AppRunner(
         app,
@@ -119,7 +160,13 @@ async def serve(
         access_log=None,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site: web.BaseSite
+    if tls is None:
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+    else:
+        site = HttpsSite(
+            runner, host, port, tls.server, require_client_cert=tls.require_client_cert
+        )
     try:
         await site.start()
     except OSError as e:
@@ -127,7 +174,7 @@ async def serve(
         await runner.cleanup()
         await raft.stop()
         return 1
-    log.info("node %s: API on http://%s, Raft on %s", opts.node_id, opts.listen, opts.raft)
+    log.info("node %s: API on %s, Raft on %s", opts.node_id, settings.url(opts.listen), opts.raft)
     advertised = split_hostport(opts.advertise or opts.listen, "--advertise")[0]
     if advertised in ("0.0.0.0", "::", "[::]", ""):
         log.warning(
@@ -140,13 +187,43 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if tls is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload_tls, opts.node_id, tls)
     await stop.wait()
     log.info("node %s: shutting down", opts.node_id)
     code = 0 if await _shutdown(runner, raft, opts.shutdown_timeout) else 1
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.remove_signal_handler(sig)
     log.info("node %s: stopped", opts.node_id)
     return code
+
+
+def load_tls(opts: NodeOptions) -> NodeTLS:
+    """The node's TLS contexts from its options (``TLSConfigError``: not usable)."""
+    if not opts.tls_cert or not opts.tls_key:
+        raise TLSConfigError("--tls-cert and --tls-key go together")
+    tls = NodeTLS(TLSFiles(opts.tls_cert, opts.tls_key, opts.tls_client_ca, opts.tls_ca))
+    log.info("node %s: TLS certificate %s", opts.node_id, describe(tls.cert))
+    advertised = split_hostport(opts.advertise or opts.listen, "--advertise")[0]
+    if advertised not in ("0.0.0.0", "::", "") and not covers(tls.cert, advertised):
+        log.warning(
+            "node %s: the TLS certificate does not name %s, the address this node advertises:"
+            " clients and other nodes that check host names will refuse it",
+            opts.node_id,
+            advertised,
+        )
+    return tls
+
+
+def reload_tls(node_id: str, tls: NodeTLS) -> None:
+    """SIGHUP: load the certificate and key again (new connections get them); a reload that
+    fails keeps the ones in use."""
+    try:
+        cert = tls.reload()
+    except TLSConfigError as e:
+        log.error("node %s: TLS reload failed, still serving the old certificate: %s", node_id, e)
+        return
+    log.info("node %s: TLS certificate reloaded: %s", node_id, describe(cert))
 
 
 async def _shutdown(runner: web.AppRunner, raft: Any, budget: float) -> bool:

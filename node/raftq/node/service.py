@@ -15,9 +15,10 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from raftq.cluster.errors import BrokerError
@@ -55,6 +56,21 @@ class NodeSettings:
     propose_timeout: float = 5.0
     proxy_timeout: float = MAX_WAIT_S + 15.0
     retry_after: int = 1
+    # Access control (raftq.node.auth): on unless turned off; the bootstrap admin token and
+    # the node's internal credential (derived from the cluster secret) are never logged.
+    auth: bool = True
+    admin_token: str | None = field(default=None, repr=False)
+    internal_token: str | None = field(default=None, repr=False)
+    auth_observe: bool = False  # /metrics and /openapi.json need a token too
+    # TLS (raftq.node.tlsutil): "https" when the API serves TLS; a cluster is all-TLS or
+    # all-plain, so other nodes are reached with the same scheme, through ``peer_ssl()`` (the
+    # current context: it changes when the certificate is reloaded).
+    scheme: str = "http"
+    peer_ssl: Callable[[], ssl.SSLContext] | None = field(default=None, repr=False, compare=False)
+
+    def url(self, api: str) -> str:
+        """A node's API URL from its advertised ``host:port``."""
+        return f"{self.scheme}://{api}"
 
 
 class Leader(NamedTuple):
@@ -256,25 +272,30 @@ class BrokerService:
                 self.stream_consumers.discard(consumer)
 
     @contextlib.contextmanager
-    def handing_out(self, consumer: str) -> Iterator[None]:
+    def handing_out(self, consumer: str, topics: list[str] | None = None) -> Iterator[None]:
         """Hold ``consumer`` while its deliveries are handed to a client: if the client may
-        not get them (it went away, or the receive's outcome is unknown), release them now,
-        so they are redelivered at once instead of after their visibility timeout."""
+        not get them (it went away, or the receive's outcome is unknown), release them now
+        (those on ``topics`` patterns, if given), so they are redelivered at once instead of
+        after their visibility timeout."""
         with self.hold_consumer(consumer):
             try:
                 yield
             except (asyncio.CancelledError, ConnectionError):
-                self.spawn(self.release(consumer))
+                self.spawn(self.release(consumer, topics))
                 raise
             except ApiError as e:
                 if e.code == "outcome_unknown":  # it may have handed out deliveries: undo
-                    self.spawn(self.release(consumer))
+                    self.spawn(self.release(consumer, topics))
                 raise
 
-    async def release(self, consumer: str) -> None:
-        """Give back a consumer's deliveries now (here, or at the leader if it moved)."""
+    async def release(self, consumer: str, topics: list[str] | None = None) -> None:
+        """Give back a consumer's deliveries now (here, or at the leader if it moved); with
+        ``topics``, only those on topics matching one of the patterns."""
+        cmd: dict[str, Any] = {"op": "release", "consumer": consumer}
+        if topics is not None:
+            cmd["topics"] = topics
         try:
-            await self.call({"op": "release", "consumer": consumer})
+            await self.call(cmd)
         except LeaderLost:
             try:
                 leader = self.leader_elsewhere()

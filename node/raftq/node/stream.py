@@ -42,6 +42,12 @@ HTTP or a new stream) to find out without storing twice. At shutdown a publish s
 reading, answers what it read, then closes (1001); consumer streams close with 1001 too. One
 whose answer cannot be sent (a client gone, or reading nothing for ``SEND_TIMEOUT``) closes
 (1008).
+
+Access control: a stream authenticates at its handshake (``Authorization``, or the subprotocol
+``bearer.<token>`` beside ``raftq``) and rechecks its token against the replicated state before
+each receive, settle and publish frame, so a stream whose token is revoked, disabled or expired
+closes (1008); each publish frame needs ``publish`` on its topic, a settle ``consume`` on its
+receipts' topics.
 """
 
 from __future__ import annotations
@@ -61,8 +67,10 @@ import msgpack
 from aiohttp import WSMessage, WSMsgType, web
 
 from raftq.node import codec, commands
+from raftq.node.auth import BODY, CONSUME, PATH, PUBLISH, SUBPROTOCOL, Permission
 from raftq.node.errors import ApiError
-from raftq.node.routes import Query, Route, path_name, query
+from raftq.node.messages import may_settle
+from raftq.node.routes import Query, Route, path_name, principal, query, recheck
 from raftq.node.service import BrokerService, LeaderLost
 
 log = logging.getLogger(__name__)
@@ -81,6 +89,7 @@ LEADER_CHECK_S = 1.0  # an idle stream on a node that lost the leadership ends w
 SEND_TIMEOUT = 30.0  # a client that reads nothing for this long is cut off (its deliveries return)
 CLOSE_GOING_AWAY = 1001  # the node is shutting down
 CLOSE_LEADER_CHANGED = 4001
+CLOSE_POLICY = 1008  # its answers are not read, or its token was revoked, disabled or expired
 
 
 def _leader_stream(svc: BrokerService, request: web.Request) -> str:
@@ -91,9 +100,9 @@ def _leader_stream(svc: BrokerService, request: web.Request) -> str:
             "upgrade_required", "this endpoint streams over a WebSocket: send Upgrade: websocket"
         )
     if not svc.leads():
-        leader = svc.leader_elsewhere().api
+        leader = svc.settings.url(svc.leader_elsewhere().api)
         raise web.HTTPTemporaryRedirect(
-            f"http://{leader}{request.path_qs}", headers={"X-Raftq-Leader": f"http://{leader}"}
+            leader + request.path_qs, headers={"X-Raftq-Leader": leader}
         )
     fmt: str = query(request)["format"]
     return fmt
@@ -108,7 +117,10 @@ class _Socket:
 
     @classmethod
     async def open(cls, svc: BrokerService, request: web.Request, fmt: str) -> _Socket:
-        ws = web.WebSocketResponse(heartbeat=10.0, max_msg_size=svc.settings.max_body)
+        # (protocols: a browser that sent its token as a subprotocol expects one chosen)
+        ws = web.WebSocketResponse(
+            heartbeat=10.0, max_msg_size=svc.settings.max_body, protocols=(SUBPROTOCOL,)
+        )
         await ws.prepare(request)
         return cls(ws, fmt)
 
@@ -176,6 +188,7 @@ async def consume(svc: BrokerService, request: web.Request) -> web.StreamRespons
     svc.read(lambda b: b.group_stats(topic, group))
     sock = await _Socket.open(svc, request, fmt)
     ws = sock.ws
+    who = principal(request)
     consumer = f"ws-{secrets.token_hex(8)}"
     outstanding: dict[str, int] = {}  # receipt -> deadline (ms)
     credit = asyncio.Event()
@@ -202,6 +215,7 @@ async def consume(svc: BrokerService, request: web.Request) -> web.StreamRespons
                 )
             # The same rules as the HTTP routes (POST /ack ...).
             cmd = commands.settle(op, {k: v for k, v in frame.items() if k not in ("id", "op")})
+            may_settle(recheck(request, who), cmd)
             checked = True
             result = await svc.call(cmd)
             receipts: list[str] = cmd["receipts"]
@@ -246,6 +260,7 @@ async def consume(svc: BrokerService, request: web.Request) -> web.StreamRespons
             while not ws.closed and not reader.done() and not svc.draining.is_set():
                 if not svc.leads():  # looked at least every LEADER_CHECK_S, idle or not
                     raise LeaderLost()
+                recheck(request, who)  # a revoked or disabled token's stream ends (1008)
                 now_ms = time.time() * 1000
                 for r in [r for r, d in outstanding.items() if d <= now_ms]:
                     del outstanding[r]
@@ -278,7 +293,8 @@ async def consume(svc: BrokerService, request: web.Request) -> web.StreamRespons
                         {"type": "delivery", "delivery": {"topic": topic, "group": group, **d}}
                     )
         except ApiError as e:
-            close_code, close_msg = 1011, e.message.encode()[:120]
+            code = CLOSE_POLICY if e.code == "unauthenticated" else 1011
+            close_code, close_msg = code, e.message.encode()[:120]
         except LeaderLost:  # the client reconnects to the new leader
             close_code, close_msg = CLOSE_LEADER_CHANGED, b"leader changed"
         except ConnectionError:
@@ -298,7 +314,9 @@ async def publish(svc: BrokerService, request: web.Request) -> web.StreamRespons
     apply, exactly as ``POST /topics/{topic}/publish`` (see the module docstring)."""
     sock = await _Socket.open(svc, request, _leader_stream(svc, request))
     ws = sock.ws
+    who = principal(request)  # authenticated at the handshake; rechecked for each frame
     lost = asyncio.Event()  # a publish found this node no longer leads
+    revoked = asyncio.Event()  # the token is no longer valid (revoked, disabled, expired)
     broken = asyncio.Event()  # an answer could not be sent: the client is gone or reads nothing
     room = asyncio.Semaphore(MAX_PUBLISHES_IN_FLIGHT)
     max_held = 2 * svc.settings.max_body  # (an HTTP connection holds one body at a time)
@@ -327,6 +345,12 @@ async def publish(svc: BrokerService, request: web.Request) -> web.StreamRespons
             if not isinstance(messages, list):
                 raise ApiError("invalid_argument", "messages must be a list", {"field": "messages"})
             topic = commands.name(frame.get("topic"), "topic")
+            try:
+                current = recheck(request, who)
+            except ApiError:
+                revoked.set()
+                raise
+            current.require(PUBLISH, topic)
             # Payloads as the frame came: raw bytes in a binary (msgpack) frame, base64 in text.
             cmd, size = commands.publish(topic, messages, binary)
             res = await svc.call(cmd, size)
@@ -377,7 +401,7 @@ async def publish(svc: BrokerService, request: web.Request) -> web.StreamRespons
             task.add_done_callback(functools.partial(done, size=size))
 
     reader = asyncio.ensure_future(read_loop())
-    stop = asyncio.ensure_future(_first(svc.draining, lost, broken))
+    stop = asyncio.ensure_future(_first(svc.draining, lost, broken, revoked))
     close_code, close_msg = 1000, b"done"
     try:
         while not reader.done() and not stop.done():
@@ -393,7 +417,9 @@ async def publish(svc: BrokerService, request: web.Request) -> web.StreamRespons
         elif svc.draining.is_set():
             close_code, close_msg = CLOSE_GOING_AWAY, b"node shutting down"
         elif broken.is_set():
-            close_code, close_msg = 1008, b"answers are not read"
+            close_code, close_msg = CLOSE_POLICY, b"answers are not read"
+        elif revoked.is_set():
+            close_code, close_msg = CLOSE_POLICY, b"the token is no longer valid"
         stop.cancel()
         # Publishes already read are answered before the close (frames not read yet are not
         # applied; the client's retry with the same keys publishes them once).
@@ -500,9 +526,10 @@ ROUTES = [
                        doc="visibility timeout of each delivery, seconds (else the group's)"),
                  FORMAT,
                  Query("batch", choices=("0", "1"), default="0",
-                       doc="1: the deliveries of one receive in one frame"))),
+                       doc="1: the deliveries of one receive in one frame")),
+          perm=Permission(CONSUME, PATH)),
     Route("GET", "/publish/stream", publish_stream,
           "WebSocket publisher: each frame is one batch publish, answered after commit (see "
           "raftq.node.stream); a follower redirects (307) to the leader",
-          stream=True, ok=(101,), query=(FORMAT,)),
+          stream=True, ok=(101,), query=(FORMAT,), perm=Permission(PUBLISH, BODY)),
 ]  # fmt: skip

@@ -3,10 +3,13 @@ purge. Writes are one command each; reads are linearizable (``read_latest``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from raftq.node import commands, httpio
-from raftq.node.routes import Route, path_name
+from raftq.node.auth import ADMIN, AUTHENTICATED, BODY, PATH, TOPIC, Permission
+from raftq.node.routes import Route, path_name, principal
 from raftq.node.service import BrokerService
 
 
@@ -14,13 +17,33 @@ def _created(request: web.Request, res: dict[str, object]) -> web.Response:
     return httpio.respond(request, res, 201 if res.get("created") else 200)
 
 
+def _dead_letter_topics(configs: list[Any]) -> list[str]:
+    """The dead-letter topics that group configs name (their letters are published there)."""
+    out = []
+    for config in configs:
+        dlq = config.get("dead_letter_topic") if isinstance(config, dict) else None
+        if isinstance(dlq, str):
+            out.append(dlq)
+    return out
+
+
+def _may_configure(request: web.Request, topic: str, configs: list[Any]) -> None:
+    who = principal(request)
+    who.require(ADMIN, topic)
+    for dlq in _dead_letter_topics(configs):
+        who.require(ADMIN, dlq)
+
+
 async def list_topics(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    who = principal(request)
     topics = await svc.read_latest(lambda b: b.list_topics())
-    return httpio.respond(request, {"topics": topics})
+    return httpio.respond(request, {"topics": [t for t in topics if who.may(TOPIC, t)]})
 
 
 async def create_topic(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     cmd = commands.create_topic(await httpio.read_body(request))
+    groups = [g.get("config") for g in cmd.get("groups") or ()]
+    _may_configure(request, cmd["topic"], groups)
     return _created(request, await svc.call(cmd))
 
 
@@ -55,6 +78,7 @@ async def list_groups(svc: BrokerService, request: web.Request) -> web.StreamRes
 async def create_group(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     topic = path_name(request, "topic")
     cmd = commands.create_group(topic, await httpio.read_body(request))
+    _may_configure(request, topic, [cmd.get("config")])
     return _created(request, await svc.call(cmd))
 
 
@@ -70,6 +94,7 @@ async def get_group(svc: BrokerService, request: web.Request) -> web.StreamRespo
 async def update_group(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     topic, group = topic_group(request)
     cmd = commands.update_group(topic, group, await httpio.read_body(request))
+    _may_configure(request, topic, [cmd.get("config")])
     return httpio.respond(request, await svc.call(cmd))
 
 
@@ -88,23 +113,27 @@ async def purge_group(svc: BrokerService, request: web.Request) -> web.StreamRes
 
 T = "/topics/{topic}"
 TG = "/topics/{topic}/groups/{group}"
+SEE = Permission(TOPIC, PATH)  # stats: any right on the topic
+CONFIGURE = Permission(ADMIN, PATH)
 ROUTES = [
-    Route("GET", "/topics", list_topics, "List topic names", answer="TopicList"),
+    Route("GET", "/topics", list_topics, "List topic names (those the token has a right on)",
+          answer="TopicList", perm=Permission(AUTHENTICATED)),
     Route("POST", "/topics", create_topic,
           "Create a topic (with groups; default group 'default'); 200 if it existed and "
           "if_not_exists was set",
-          body="CreateTopic", ok=(201, 200)),
-    Route("GET", T, get_topic, "Topic stats, config and groups"),
-    Route("PATCH", T, update_topic, "Change topic config", body="UpdateTopic"),
-    Route("DELETE", T, delete_topic, "Delete a topic"),
-    Route("POST", T + "/purge", purge_topic, "Drop every retained message", body="Empty"),
-    Route("GET", T + "/groups", list_groups, "Group stats of a topic"),
+          body="CreateTopic", ok=(201, 200), perm=Permission(ADMIN, BODY)),
+    Route("GET", T, get_topic, "Topic stats, config and groups", perm=SEE),
+    Route("PATCH", T, update_topic, "Change topic config", body="UpdateTopic", perm=CONFIGURE),
+    Route("DELETE", T, delete_topic, "Delete a topic", perm=CONFIGURE),
+    Route("POST", T + "/purge", purge_topic, "Drop every retained message", body="Empty",
+          perm=CONFIGURE),
+    Route("GET", T + "/groups", list_groups, "Group stats of a topic", perm=SEE),
     Route("POST", T + "/groups", create_group,
           "Create a consumer group; 200 if it existed and if_not_exists was set",
-          body="CreateGroup", ok=(201, 200)),
-    Route("GET", TG, get_group, "Group stats and config"),
-    Route("PATCH", TG, update_group, "Change group config", body="UpdateGroup"),
-    Route("DELETE", TG, delete_group, "Delete a group"),
+          body="CreateGroup", ok=(201, 200), perm=CONFIGURE),
+    Route("GET", TG, get_group, "Group stats and config", perm=SEE),
+    Route("PATCH", TG, update_group, "Change group config", body="UpdateGroup", perm=CONFIGURE),
+    Route("DELETE", TG, delete_group, "Delete a group", perm=CONFIGURE),
     Route("POST", TG + "/purge", purge_group, "Settle everything pending in a group",
-          body="Empty"),
+          body="Empty", perm=CONFIGURE),
 ]  # fmt: skip

@@ -1,0 +1,12 @@
+"""Session-wide test setup: every client in the suite authenticates as the bootstrap admin
+(``RAFTQ_TOKEN``) unless a test says otherwise; nodes started by the suite are given the same
+token (``RAFTQ_ADMIN_TOKEN``, inherited by the processes they start)."""
+
+from __future__ import annotations
+
+import os
+
+from tests.support import ADMIN_TOKEN
+
+os.environ["RAFTQ_TOKEN"] = ADMIN_TOKEN
+os.environ["RAFTQ_ADMIN_TOKEN"] = ADMIN_TOKEN
