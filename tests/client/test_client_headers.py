@@ -6,14 +6,13 @@ to the leader on another port: aiohttp follows that redirect itself and would dr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from tests.node.inprocess import app as inprocess_app
+from tests.node.inprocess import serving
 
 from raftq.client import AsyncClient
 from raftq.node.local import LocalRaft
@@ -22,20 +21,9 @@ from raftq.node.local import LocalRaft
 Seen = list[tuple[str, str, str | None]]
 
 
-@contextlib.asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[tuple[str, Seen]]:
-    seen: Seen = []
-
-    async def record(request: web.Request, response: web.StreamResponse) -> None:
-        seen.append((request.method, request.path, request.headers.get("Authorization")))
-
-    app.on_response_prepare.append(record)
-    srv = TestServer(app, host="127.0.0.1")
-    await srv.start_server()
-    try:
-        yield f"http://127.0.0.1:{srv.port}", seen
-    finally:
-        await srv.close()
+def serve(app: web.Application) -> Any:
+    """``serving`` noting each request's (method, path, Authorization)."""
+    return serving(app, lambda r: (r.method, r.path, r.headers.get("Authorization")))
 
 
 def follower_of(leader: str) -> web.Application:

@@ -5,7 +5,6 @@ stream cannot give a definite answer."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import time
 from collections.abc import AsyncIterator, Callable
@@ -14,8 +13,8 @@ from typing import Any
 import msgpack
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from tests.node.inprocess import app as inprocess_app
+from tests.node.inprocess import serving
 
 from raftq.client import AsyncClient, TopicNotFound
 from raftq.client._async import CLOSE_TIMEOUT, _Stream, _StreamClosed
@@ -37,21 +36,9 @@ def stream_open(c: AsyncClient) -> bool:
     return c._publisher is not None and c._publisher.stream is not None
 
 
-@contextlib.asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[tuple[str, list[str]]]:
-    """Run ``app`` on 127.0.0.1; yield its URL and the "METHOD path" of every request."""
-    seen: list[str] = []
-
-    async def record(request: web.Request, response: web.StreamResponse) -> None:
-        seen.append(f"{request.method} {request.path}")
-
-    app.on_response_prepare.append(record)
-    srv = TestServer(app, host="127.0.0.1")
-    await srv.start_server()
-    try:
-        yield f"http://127.0.0.1:{srv.port}", seen
-    finally:
-        await srv.close()
+def serve(app: web.Application) -> Any:
+    """``serving`` noting each request's "METHOD path"."""
+    return serving(app, lambda r: f"{r.method} {r.path}")
 
 
 @pytest.fixture

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -14,6 +16,7 @@ from raftq.node.raftapi import Raft
 from tests.support import ADMIN, ADMIN_TOKEN
 
 Client = TestClient[web.Request, web.Application]
+T = TypeVar("T")
 INTERNAL = internal_token("in-process test cluster secret")
 
 
@@ -39,3 +42,23 @@ def app(raft: Raft, **kw: Any) -> web.Application:
 def admin_client(application: web.Application, **kw: Any) -> Client:
     """A test client of ``application`` that sends the admin token."""
     return TestClient(TestServer(application, **kw), headers=ADMIN)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    application: web.Application, note: Callable[[web.Request], T]
+) -> AsyncIterator[tuple[str, list[T]]]:
+    """Run ``application`` on 127.0.0.1; yield its URL and ``note(request)`` of every request
+    it answered, in order."""
+    seen: list[T] = []
+
+    async def record(request: web.Request, response: web.StreamResponse) -> None:
+        seen.append(note(request))
+
+    application.on_response_prepare.append(record)
+    srv = TestServer(application, host="127.0.0.1")
+    await srv.start_server()
+    try:
+        yield f"http://127.0.0.1:{srv.port}", seen
+    finally:
+        await srv.close()

@@ -320,23 +320,11 @@ async def test_admin_actions_are_audited_and_no_secret_is_logged(
         assert text not in logged and text.split(".")[1] not in logged
 
 
-@pytest.fixture
-async def leader_and_follower_states() -> AsyncIterator[
-    tuple[LocalRaft, Client, LocalRaft, Client]
-]:
-    leader = LocalRaft("n1")
-    async with admin_client(app(leader)) as lc:
-        follower = LocalRaft("n2")
-        follower.set_follower("n1", f"{lc.host}:{lc.port}")
-        async with admin_client(app(follower, node_id="n2")) as fc:
-            yield leader, lc, follower, fc
-
-
 async def test_a_forwarded_request_is_checked_on_both_hops(
-    leader_and_follower_states: tuple[LocalRaft, Client, LocalRaft, Client],
+    leader_and_follower: tuple[LocalRaft, Client, LocalRaft, Client],
 ) -> None:
     """LocalRafts share no state, so each node's own view decides on its hop."""
-    leader, lc, follower, fc = leader_and_follower_states
+    leader, lc, follower, fc = leader_and_follower
     assert (await lc.post("/topics", json={"topic": "t"})).status == 201
     tid, secret, text = auth.new_token()
     headers = {"Authorization": f"Bearer {text}"}
@@ -414,11 +402,11 @@ async def test_open_streams_end_when_their_token_is_revoked(
 
 
 async def test_a_follower_waits_a_moment_for_a_token_it_does_not_know_yet(
-    leader_and_follower_states: tuple[LocalRaft, Client, LocalRaft, Client],
+    leader_and_follower: tuple[LocalRaft, Client, LocalRaft, Client],
 ) -> None:
     """A token used through a follower the moment it was created: the follower asks its state
     again as entries apply, instead of refusing it at once; an unknown one is refused."""
-    leader, lc, follower, fc = leader_and_follower_states
+    leader, lc, follower, fc = leader_and_follower
     assert (await lc.post("/topics", json={"topic": "t"})).status == 201
     tid, secret, text = auth.new_token()
     record = {"op": "token_create", "now": 1, "id": tid, "name": "late",

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import random
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,6 +109,28 @@ def _consecutive_free_ports(n: int) -> int:
             for s in socks:
                 s.close()
     raise AssertionError("no free port range")
+
+
+@contextlib.contextmanager
+def running(
+    cmd: list[str], out: Path, stop: int = signal.SIGINT, **popen: Any
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``cmd`` in a session of its own, output to ``out``; at the end stopped with ``stop``,
+    which must end it with exit 0 within 40 s (else it is killed and the test fails)."""
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, **popen
+        )
+    try:
+        yield proc
+    finally:
+        proc.send_signal(stop)
+        try:
+            assert proc.wait(40) == 0, out.read_text()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
 
 
 @pytest.mark.slow
@@ -209,12 +234,6 @@ def test_cluster_up_hands_out_a_token_that_the_cli_run_there_finds(tmp_path: Pat
     api, raft = _consecutive_free_ports(3), _consecutive_free_ports(3)
     env = _without_tokens()
     out = tmp_path / "out.txt"
-    with open(out, "wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "raftq.node", "cluster", "up", "--nodes", "3",
-             "--api-port", str(api), "--raft-port", str(raft), "--fsync", "never"],
-            stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path, env=env, start_new_session=True,
-        )  # fmt: skip
     urls = ",".join(f"http://127.0.0.1:{api + i}" for i in range(3))
 
     def cli(
@@ -225,7 +244,9 @@ def test_cluster_up_hands_out_a_token_that_the_cli_run_there_finds(tmp_path: Pat
             input=stdin.decode(), capture_output=True, text=True, cwd=cwd, env=env, timeout=60,
         )  # fmt: skip
 
-    try:
+    cmd = [sys.executable, "-m", "raftq.node", "cluster", "up", "--nodes", "3",
+           "--api-port", str(api), "--raft-port", str(raft), "--fsync", "never"]  # fmt: skip
+    with running(cmd, out, cwd=tmp_path, env=env) as proc:
         wait_for("the cluster to come up", lambda: b"Try it" in out.read_bytes(), 60, 0.1)
         path = tmp_path / ".raftq" / "admin.token"
         token = path.read_text().strip()
@@ -252,28 +273,16 @@ def test_cluster_up_hands_out_a_token_that_the_cli_run_there_finds(tmp_path: Pat
         (tmp_path / "elsewhere").mkdir()
         done = cli("status", cwd=tmp_path / "elsewhere")
         assert done.returncode == 1 and "token" in done.stderr, done.stderr
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            assert proc.wait(40) == 0, out.read_text()
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
 
 
 @pytest.mark.slow
 def test_a_node_with_auth_off_says_so_loudly_and_asks_for_no_token(tmp_path: Path) -> None:
     api, raft = _consecutive_free_ports(1), _consecutive_free_ports(1)
     log = tmp_path / "node.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "raftq.node", "node", "--id", "n1", "--in-memory",
-             "--insecure", "--auth", "off", "--listen", f"127.0.0.1:{api}",
-             "--raft", f"127.0.0.1:{raft}"],
-            stdout=f, stderr=subprocess.STDOUT, env=_without_tokens(), start_new_session=True,
-        )  # fmt: skip
-    try:
+    cmd = [sys.executable, "-m", "raftq.node", "node", "--id", "n1", "--in-memory",
+           "--insecure", "--auth", "off", "--listen", f"127.0.0.1:{api}",
+           "--raft", f"127.0.0.1:{raft}"]  # fmt: skip
+    with running(cmd, log, stop=signal.SIGTERM, env=_without_tokens()):
         url = f"http://127.0.0.1:{api}"
         wait_for("the node to answer", lambda: http("GET", url + "/healthz", token=None)[0], 30)
         text = log.read_text()
@@ -282,14 +291,6 @@ def test_a_node_with_auth_off_says_so_loudly_and_asks_for_no_token(tmp_path: Pat
         assert code == 200 and body["node"] == "n1", body
         wait_for("a leader", lambda: http("GET", url + "/readyz", token=None)[0] == 200, 30)
         assert http("POST", url + "/topics", {"topic": "open"}, token=None)[0] == 201
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(30) == 0, log.read_text()
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
 
 
 @pytest.mark.slow
@@ -297,12 +298,6 @@ def test_cluster_up_with_tls_serves_https_with_a_ca_it_hands_out(tmp_path: Path)
     api, raft = _consecutive_free_ports(2), _consecutive_free_ports(2)
     env = _without_tokens()
     out = tmp_path / "out.txt"
-    with open(out, "wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "raftq.node", "cluster", "up", "--nodes", "2", "--tls",
-             "--api-port", str(api), "--raft-port", str(raft), "--fsync", "never"],
-            stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path, env=env, start_new_session=True,
-        )  # fmt: skip
     urls = ",".join(f"https://127.0.0.1:{api + i}" for i in range(2))
     ca = tmp_path / ".raftq" / "tls" / "ca.pem"
 
@@ -312,7 +307,9 @@ def test_cluster_up_with_tls_serves_https_with_a_ca_it_hands_out(tmp_path: Path)
             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60,
         )  # fmt: skip
 
-    try:
+    cmd = [sys.executable, "-m", "raftq.node", "cluster", "up", "--nodes", "2", "--tls",
+           "--api-port", str(api), "--raft-port", str(raft), "--fsync", "never"]  # fmt: skip
+    with running(cmd, out, cwd=tmp_path, env=env):
         wait_for("the cluster to come up", lambda: b"Try it" in out.read_bytes(), 60, 0.1)
         text = out.read_text()
         assert f"RAFTQ_CA={ca}" in text and "https://127.0.0.1" in text and ca.exists()
@@ -323,11 +320,3 @@ def test_cluster_up_with_tls_serves_https_with_a_ca_it_hands_out(tmp_path: Path)
         # Without the CA the certificate is not trusted: said at once, in one line.
         done = cli("status", "--url", urls, "--timeout", "5")
         assert done.returncode == 3 and "certificate" in done.stderr, done.stderr
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            assert proc.wait(40) == 0, out.read_text()
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
