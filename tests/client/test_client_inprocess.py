@@ -23,7 +23,7 @@ from raftq.client import (
     TopicFull,
     TopicNotFound,
 )
-from raftq.client.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE
+from raftq.client.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from raftq.node.cli import main as cli_main
 from raftq.node.local import LocalRaft
 
@@ -284,6 +284,10 @@ async def test_cli_token_commands_and_a_token_of_ones_own(server: tuple[LocalRaf
         assert code == EXIT_REFUSED and err.startswith("raftq: forbidden")
         code, out, _ = run_cli("token", "show", "cli-pub", "--url", url, "--json")
         assert json.loads(out)["id"] == made["id"] and "hash" not in json.loads(out)
+        # A name that is another token's id is ambiguous: refused, nothing revoked.
+        assert run_cli("token", "create", made["id"], "--url", url)[0] == EXIT_OK
+        code, _, err = run_cli("token", "revoke", made["id"], "--url", url)
+        assert code == EXIT_USAGE and "give the id" in err
         assert run_cli("token", "revoke", "cli-pub", "--url", url)[0] == EXIT_OK
         code, _, err = run_cli("publish", topic, "again", *mine)
         assert code == EXIT_REFUSED and err.startswith("raftq: unauthenticated")

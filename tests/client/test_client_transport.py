@@ -12,7 +12,14 @@ from typing import Any
 import msgpack
 import pytest
 
-from raftq.client import AsyncClient, Client, TopicExists, Unavailable, UnknownOutcome
+from raftq.client import (
+    AsyncClient,
+    Client,
+    ProtocolError,
+    TopicExists,
+    Unavailable,
+    UnknownOutcome,
+)
 from raftq.client.transport import (
     AsyncTransport,
     ConnectFailed,
@@ -485,3 +492,23 @@ def test_token_is_sent_as_a_bearer_header_on_every_request(
         Client(N1, token="rq_ab.s3cret-0123456789abcdef", http_headers=hook)
     with pytest.raises(ValueError, match="not a header value"):
         Client(N1, token="rq_ab.x\r\nX-Evil: 1")
+
+
+def test_https_seeds_never_learn_or_follow_a_plain_http_address() -> None:
+    """A node (misconfigured, or an attacker's) naming an http:// leader or redirecting there
+    must not get the next requests, and their token, in the clear."""
+    secure = "https://n1:8443"
+
+    def names_http(call: Call, n: int) -> Response | Exception:
+        return reply(200, TOPICS, x_raftq_leader="http://evil:80")
+
+    for _, t, c in run_both(lambda c: c.list_topics(), names_http, [secure], token="rq_a.b" * 4):
+        assert c.endpoints.leader is None and c.endpoints.seeds == [secure]
+        assert all(u.startswith("https://") for u in t.urls)
+
+    def redirects_http(call: Call, n: int) -> Response | Exception:
+        return reply(307, location="http://evil:80/topics")
+
+    for got, t, _ in run_both(lambda c: c.list_topics(), redirects_http, [secure]):
+        assert isinstance(got, ProtocolError) and "not https" in str(got)
+        assert all(u.startswith("https://") for u in t.urls)

@@ -22,7 +22,7 @@ from raftq.node import auth
 from raftq.node.app import all_routes, build_app
 from raftq.node.local import LocalRaft
 from raftq.node.routes import Route
-from tests.node.inprocess import admin_client, app, settings
+from tests.node.inprocess import INTERNAL, admin_client, app, settings
 from tests.support import ADMIN, ADMIN_TOKEN
 
 Client = TestClient[web.Request, web.Application]
@@ -69,6 +69,8 @@ def expected(tok: Tok, route: Route, topic: str) -> bool:
         return any("consume" in acts for _, acts in tok.grants)
     if action == auth.TOPIC:
         return any(has(tok, a, topic) for a in ("publish", "consume", "admin"))
+    if (route.method, route.path) in (("POST", "/topics"), ("POST", "/topics/{topic}/groups")):
+        return has(tok, "admin", topic) and has(tok, "admin", topic + ".dlq")  # its default DLQ
     return has(tok, action, topic)
 
 
@@ -314,7 +316,11 @@ async def test_admin_actions_are_audited_and_no_secret_is_logged(
     assert (await client.post("/topics/orders.eu/purge", headers=headers)).status == 200
     lines = [rec.getMessage() for rec in caplog.records if rec.name == "raftq.node.audit"]
     assert "audit: token admin: POST /tokens /tokens" in lines
-    assert "audit: token prefix-admin: POST /topics/{topic}/purge /topics/orders.eu/purge" in lines
+    tid = (auth.parse(texts["prefix-admin"]) or ("", ""))[0]
+    assert (
+        f"audit: token prefix-admin ({tid}): POST /topics/{{topic}}/purge /topics/orders.eu/purge"
+        in lines
+    )
     logged = "\n".join(rec.getMessage() for rec in caplog.records)
     for text in (secret, ADMIN_TOKEN, *texts.values()):
         assert text not in logged and text.split(".")[1] not in logged
@@ -430,3 +436,179 @@ async def test_a_follower_waits_a_moment_for_a_token_it_does_not_know_yet(
     t0 = asyncio.get_running_loop().time()
     r = await fc.get("/cluster", headers={"Authorization": f"Bearer rq_nosuch.{secret}"})
     assert r.status == 401 and asyncio.get_running_loop().time() - t0 < 0.9
+
+
+async def test_the_brokers_own_headers_cannot_be_set_so_redrive_cannot_be_aimed(
+    authed: tuple[LocalRaft, Client, dict[str, str]],
+) -> None:
+    """Dead-letter history headers steer a redrive: a client may not forge them (else a token
+    with rights on its own topic could redrive into any other topic's group)."""
+    _, client, texts = authed
+    headers = {"Authorization": f"Bearer {texts['everything']}"}
+    forged = {"x-raftq-dlq-topic": "billing", "x-raftq-dlq-group": "default"}
+    for body, path in (
+        ({"payload": b64(b"x"), "headers": forged}, "/topics/orders.eu/messages"),
+        ({"messages": [{"payload": b64(b"x"), "headers": {"X-Raftq-Redrives": "9"}}]},
+         "/topics/orders.eu/publish"),
+    ):  # fmt: skip
+        r = await client.post(path, json=body, headers=headers)
+        assert r.status == 400 and "broker's own" in (await r.json())["message"]
+    async with client.ws_connect("/publish/stream", headers=headers) as ws:
+        frame = {"id": 1, "op": "publish", "topic": "orders.eu",
+                 "messages": [{"payload": b"x", "headers": forged}]}  # fmt: skip
+        await ws.send_bytes(msgpack.packb(frame))
+        got = msgpack.unpackb((await asyncio.wait_for(ws.receive(), 5)).data)
+        assert got["code"] == "invalid_argument"
+
+
+async def test_a_long_poll_stops_receiving_once_its_token_is_revoked(
+    authed: tuple[LocalRaft, Client, dict[str, str]],
+) -> None:
+    _, client, texts = authed
+    headers = {"Authorization": f"Bearer {texts['consumer']}"}
+    poll = asyncio.ensure_future(
+        client.post("/topics/orders.eu/groups/default/receive", json={"wait": 10}, headers=headers)
+    )
+    await asyncio.sleep(0.1)
+    tid = (auth.parse(texts["consumer"]) or ("", ""))[0]
+    assert (await client.delete(f"/tokens/{tid}")).status == 200
+    await client.post("/topics/orders.eu/messages", json={"payload": b64(b"secret")})
+    r = await asyncio.wait_for(poll, 5)
+    assert r.status == 401  # not the message: the poll asked again before receiving it
+    stats = await (await client.get("/topics/orders.eu/groups/default")).json()
+    assert stats["in_flight"] == 0
+
+
+async def test_a_consumer_stream_whose_grants_shrink_ends(
+    authed: tuple[LocalRaft, Client, dict[str, str]],
+) -> None:
+    _, client, texts = authed
+    headers = {"Authorization": f"Bearer {texts['consumer']}"}
+    tid = (auth.parse(texts["consumer"]) or ("", ""))[0]
+    async with client.ws_connect(
+        "/topics/orders.eu/groups/default/stream?format=json", headers=headers
+    ) as sub:
+        assert (await client.patch(f"/tokens/{tid}", json={"grants": []})).status == 200
+        await client.post("/topics/orders.eu/messages", json={"payload": b64(b"late")})
+        got = []
+        while not sub.closed:
+            msg = await asyncio.wait_for(sub.receive(), 5)
+            if msg.type.name == "TEXT":
+                got.append(msg.data)
+        assert got == [] and sub.close_code == 1008
+
+
+async def test_the_internal_credential_may_only_give_back_deliveries(
+    authed: tuple[LocalRaft, Client, dict[str, str]],
+) -> None:
+    _, client, texts = authed
+    headers = {"Authorization": f"Bearer {INTERNAL}"}
+    r = await client.post("/consumers/c-9/release", json={"topics": ["orders.eu"]},
+                          headers=headers)  # fmt: skip
+    assert r.status == 200
+    for method, path in (("GET", "/topics"), ("POST", "/tokens"), ("GET", "/cluster")):
+        r = await client.request(method, path, json={"name": "x"}, headers=headers)
+        assert r.status == 403, (method, path)
+    # A token may narrow a release to its own patterns, never widen it.
+    mine = {"Authorization": f"Bearer {texts['consumer']}"}
+    r = await client.post("/consumers/c-9/release", json={"topics": ["billing"]}, headers=mine)
+    assert r.status == 403
+    r = await client.post("/consumers/c-9/release", json={"topics": ["orders.eu"]}, headers=mine)
+    assert r.status == 200
+
+
+async def test_odd_credentials_are_401_never_500(
+    authed: tuple[LocalRaft, Client, dict[str, str]],
+) -> None:
+    _, client, texts = authed
+    for value in (b"Bearer rq_abc.\xff\xfe" + b"a" * 20, b"Bearer \xe9t\xe9-token-0123456789"):
+        r = await client.get("/topics", headers={"Authorization": value.decode("latin-1")})
+        assert r.status == 401
+    # A subprotocol is a credential only on a WebSocket handshake.
+    r = await client.get(
+        "/topics",
+        headers={
+            "Authorization": "",
+            "Sec-WebSocket-Protocol": f"raftq, bearer.{texts['everything']}",
+        },
+    )
+    assert r.status == 401  # (an empty Authorization: no token)
+
+
+async def test_a_bearer_subprotocol_without_raftq_is_refused_and_never_logged(
+    authed: tuple[LocalRaft, Client, dict[str, str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    raft, _, texts = authed
+    caplog.set_level(logging.DEBUG)
+    async with TestClient(TestServer(app(raft))) as bare:
+        with pytest.raises(WSServerHandshakeError) as e:
+            async with bare.ws_connect(
+                "/topics/orders.eu/groups/default/stream",
+                protocols=("bearer." + texts["everything"],),
+            ):
+                pass  # fmt: skip
+        assert e.value.status == 400
+        async with bare.ws_connect(
+            "/topics/orders.eu/groups/default/stream",
+            protocols=("other", "raftq", "bearer." + texts["everything"]),
+        ):
+            pass  # fmt: skip
+    secret = texts["everything"].split(".")[1]
+    assert not [r for r in caplog.records if secret in r.getMessage()]
+
+
+async def test_a_state_digest_needs_a_cluster_token(
+    authed: tuple[LocalRaft, Client, dict[str, str]],
+) -> None:
+    _, client, texts = authed
+    r = await client.get("/cluster?digest=1", headers={"Authorization":
+                         f"Bearer {texts['everything']}"})  # fmt: skip
+    assert r.status == 403
+    r = await client.get("/cluster?digest=1", headers={"Authorization":
+                         f"Bearer {texts['operator']}"})  # fmt: skip
+    assert r.status == 200 and "digest" in await r.json()
+
+
+async def test_reserved_token_names_are_refused(
+    authed: tuple[LocalRaft, Client, dict[str, str]],
+) -> None:
+    _, client, _ = authed
+    for name in ("admin", "internal", "anonymous"):
+        r = await client.post("/tokens", json={"name": name})
+        assert r.status == 400 and (await r.json())["details"]["field"] == "name"
+
+
+async def test_a_dropped_receive_through_a_follower_gives_back_only_what_its_token_may_consume(
+    leader_and_follower: tuple[LocalRaft, Client, LocalRaft, Client],
+) -> None:
+    leader, lc, follower, fc = leader_and_follower
+    for topic in ("a", "b"):
+        assert (await lc.post("/topics", json={"topic": topic})).status == 201
+        await lc.post(f"/topics/{topic}/messages", json={"payload": b64(b"m")})
+        r = await lc.post(f"/topics/{topic}/groups/default/receive",
+                          json={"consumer": "worker-1", "visibility": 600})  # fmt: skip
+        assert len((await r.json())["deliveries"]) == 1
+    tid, secret, text = auth.new_token()
+    record = {"op": "token_create", "now": 1, "id": tid, "name": "a-reader",
+              "hash": auth.secret_hash(secret),
+              "grants": [{"topics": "a", "actions": ["consume"]}]}  # fmt: skip
+    leader.broker.apply(record)
+    follower.broker.apply(record)
+    poll = asyncio.ensure_future(
+        fc.post(
+            "/topics/a/groups/default/receive",
+            json={"consumer": "worker-1", "wait": 10},
+            headers={"Authorization": f"Bearer {text}"},
+        )
+    )
+    await asyncio.sleep(0.3)
+    poll.cancel()  # the client goes away: the follower gives back what it may consume
+
+    def in_flight(topic: str) -> int:
+        return int(leader.read(lambda b: b.group_stats(topic, "default"))["in_flight"])
+
+    for _ in range(200):  # bounded wait for the follower's release at the leader
+        if in_flight("a") == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert (in_flight("a"), in_flight("b")) == (0, 1)

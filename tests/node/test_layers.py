@@ -221,3 +221,15 @@ def test_one_host_port_rule_for_flags_and_members() -> None:
     assert host_port("::1:7001") is None  # a member's address: brackets required
     assert split_hostport(":::8001", "--listen") == ("::", 8001)  # a listen address: not
     assert split_hostport("proj_n4_1:8001", "--listen") == ("proj_n4_1", 8001)
+
+
+async def test_an_empty_choice_in_the_query_means_its_default(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    """As before the route tables: ``?format=`` and ``?batch=`` fall back to the default."""
+    _, client = node
+    await client.post("/topics", json={"topic": "q"})
+    async with client.ws_connect("/topics/q/groups/default/stream?format=&batch=") as ws:
+        await client.post("/topics/q/messages", json={"payload": "bQ=="})
+        msg = await asyncio.wait_for(ws.receive(), 5)
+        assert msg.type.name == "BINARY"  # msgpack, the default format

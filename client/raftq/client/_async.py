@@ -19,7 +19,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
-from urllib.parse import urljoin
 
 import aiohttp
 import msgpack
@@ -271,7 +270,7 @@ class _Publisher:
                 except aiohttp.WSServerHandshakeError as e:
                     location = e.headers.get("Location") if e.headers else None
                     if core.is_redirect(e.status) and location:
-                        target = urljoin(target, location)  # to the leader
+                        target = core.redirected(target, location)  # to the leader
                         client.endpoints.learn(core.normalize_url(target))
                         continue
                     if 400 <= e.status < 500 and e.status != 429:
@@ -312,7 +311,7 @@ def _ignore_result(task: asyncio.Future[Any]) -> None:
         task.exception()  # retrieved: a lost fire-and-forget ack just means a redelivery
 
 
-def _with_headers(extra: Callable[[], dict[str, str]]) -> type[aiohttp.ClientRequest]:
+def _with_headers(extra: Callable[[], dict[str, str]], secure: bool) -> type[aiohttp.ClientRequest]:
     """A request class putting the ``http_headers`` hook's headers on every request of the
     WebSocket session, each redirect hop included. (aiohttp follows a follower's 307 to the
     leader during a handshake itself, and drops ``Authorization`` when the origin changes:
@@ -322,6 +321,9 @@ def _with_headers(extra: Callable[[], dict[str, str]]) -> type[aiohttp.ClientReq
     class WithHeaders(aiohttp.ClientRequest):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            if secure and self.url.scheme not in ("https", "wss"):
+                # (a redirect aiohttp follows itself: the token must not go in the clear)
+                raise aiohttp.InvalidURL(f"{self.url}: not https, and the seeds are")
             for name, value in extra().items():
                 self.headers[name] = value
 
@@ -462,7 +464,8 @@ class AsyncClient:
             if self._ssl is not None:
                 kw["connector"] = aiohttp.TCPConnector(ssl=self._ssl)
             if self._extra_headers is not None:
-                kw["request_class"] = _with_headers(self._extra_headers)
+                secure = any(u.startswith("https:") for u in self.endpoints.seeds)
+                kw["request_class"] = _with_headers(self._extra_headers, secure)
             self._session = aiohttp.ClientSession(**kw)
         return self._session
 
@@ -531,7 +534,7 @@ class AsyncClient:
                 raise core.unavailable(url, e, sent=not isinstance(e, http.ConnectFailed)) from e
             location = resp.headers.get("location")
             if core.is_redirect(resp.status) and location:
-                target = urljoin(target, location)  # (a relative Location is allowed)
+                target = core.redirected(target, location)  # (a relative Location is allowed)
                 self.endpoints.learn(core.normalize_url(target))
                 redirects += 1
                 if redirects > core.MAX_REDIRECTS:
@@ -838,7 +841,7 @@ class AsyncClient:
             except aiohttp.WSServerHandshakeError as e:
                 location = e.headers.get("Location") if e.headers else None
                 if e.status in (301, 302, 307, 308) and location:
-                    self.endpoints.learn(core.normalize_url(urljoin(url + p, location)))
+                    self.endpoints.learn(core.normalize_url(core.redirected(url + p, location)))
                     continue
                 if e.status < 500 and e.status != 429:
                     # Ask over HTTP to get the error body (404 topic, 400 bad query...).

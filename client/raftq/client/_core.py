@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import msgpack
 
@@ -219,6 +219,15 @@ def is_redirect(status: int) -> bool:
     return status in (301, 302, 307, 308)
 
 
+def redirected(target: str, location: str) -> str:
+    """Where a redirect from ``target`` leads (``Location`` may be relative); one from https
+    to plain http is refused (it would send the request, token included, in the clear)."""
+    new = urljoin(target, location)
+    if urlsplit(target).scheme == "https" and urlsplit(new).scheme != "https":
+        raise ProtocolError(f"refusing a redirect from {target} to {new}: not https")
+    return new
+
+
 def retry_delay(err: RaftqError, req: Request, attempt: int, remaining: float) -> float | None:
     """Seconds to wait before trying again, or None to raise ``err`` now."""
     if isinstance(err, UnknownOutcome) and not req.idempotent:
@@ -319,11 +328,15 @@ class Endpoints:
 
     def learn(self, url: str | None) -> None:
         """A server named the leader's HTTP address (header or /cluster: a bare host:port
-        there, reached with the seeds' scheme: a cluster is all-HTTPS or all-plain)."""
+        there, reached with the seeds' scheme: a cluster is all-HTTPS or all-plain). A plain
+        http address is not taken when the seeds are https (the token would go in the clear)."""
         if url and ":" in url:  # an address, not a bare node id
+            scheme = urlsplit(self.seeds[0]).scheme
             if "://" not in url:
-                url = f"{urlsplit(self.seeds[0]).scheme}://{url}"
+                url = f"{scheme}://{url}"
             url = normalize_url(url)
+            if scheme == "https" and urlsplit(url).scheme != "https":
+                return
             if self._down.get(url, 0.0) > self.clock():
                 return  # we could not reach it a moment ago (e.g. an address inside Docker)
             self.leader = url

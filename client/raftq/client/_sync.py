@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 from raftq.client import _core as core
 from raftq.client import _requests as rq
@@ -188,7 +188,7 @@ class Client:
                 redirects += 1
                 if redirects > core.MAX_REDIRECTS:
                     raise Unavailable(f"too many redirects from {url}")
-                parts = urlsplit(urljoin(target, location))  # (may be relative)
+                parts = urlsplit(core.redirected(target, location))  # (may be relative)
                 base = core.normalize_url(f"{parts.scheme}://{parts.netloc}")
                 self.endpoints.learn(base)
                 target = base + (parts.path or "/") + (f"?{parts.query}" if parts.query else "")

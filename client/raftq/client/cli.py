@@ -565,11 +565,18 @@ def _when(ms: int | None) -> str:
 
 
 def _token_id(c: Client, given: str) -> str:
-    """A token's id from its id or its name."""
-    for t in c.list_tokens():
-        if given in (t["id"], t["name"]):
-            return str(t["id"])
-    return given  # (the server says it is not found)
+    """A token's id from its id, else from its name (a name that is another token's id is
+    refused as ambiguous: revoking the wrong token would leave the right one live)."""
+    tokens = c.list_tokens()
+    by_id = [t for t in tokens if t["id"] == given]
+    by_name = [t for t in tokens if t["name"] == given]
+    if by_id and by_name and by_id[0]["id"] != by_name[0]["id"]:
+        raise ValueError(
+            f"{given!r} is the id of token {by_id[0]['name']!r} and the name of token"
+            f" {by_name[0]['id']!r}: give the id of the one you mean"
+        )
+    found = by_id or by_name
+    return str(found[0]["id"]) if found else given  # (the server says it is not found)
 
 
 def _token_create(args: argparse.Namespace, c: Client) -> int:

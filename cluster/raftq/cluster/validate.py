@@ -144,16 +144,21 @@ def topic_config(cfg: Mapping[str, Any], base: Mapping[str, Any] | None = None) 
     return out
 
 
+def default_dead_letter_topic(topic: str) -> str:
+    """Where a new group of ``topic`` dead-letters unless its config says otherwise."""
+    # Cut so that the longest valid topic name still has a valid dead-letter topic.
+    dlq = f"{topic[:124]}.dlq"
+    # (a 128-character name ending in .dlq would be its own dead-letter topic)
+    return dlq if dlq != topic else f"{topic[:123]}-.dlq"
+
+
 def group_config(
     topic: str, cfg: Mapping[str, Any], base: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     unknown(cfg, GROUP_FIELDS, "group config")
     out = dict(base if base is not None else GROUP_DEFAULTS)
     if base is None:
-        # Cut so that the longest valid topic name still has a valid dead-letter topic.
-        dlq = f"{topic[:124]}.dlq"
-        # (a 128-character name ending in .dlq would be its own dead-letter topic)
-        out["dead_letter_topic"] = dlq if dlq != topic else f"{topic[:123]}-.dlq"
+        out["dead_letter_topic"] = default_dead_letter_topic(topic)
     out.update(cfg)
     seconds_ms(out["visibility_timeout"], "visibility_timeout", 0.001, MAX_TIMEOUT_S)
     integer(out["max_attempts"], "max_attempts", 0, 1_000_000)

@@ -51,6 +51,7 @@ ROUTE_MODULES = (topics, messages, stream, tokens, ops)
 SERVICE: web.AppKey[BrokerService] = web.AppKey("service", BrokerService)
 CATCH_UP_S = 1.0  # how long a follower waits at most to learn a token it does not know
 CATCH_UP_MIN_S = 0.1
+MAX_TOKEN_WAITERS = 64
 _METHODS = frozenset(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])  # (labels)
 AioHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -129,6 +130,11 @@ def _authorize(
         who = NOBODY
     else:
         who = authn.authenticate(auth.credential(request.headers))
+        if who.only is not None and who.only != route.path:
+            raise ApiError(
+                "forbidden", f"the {who.name} credential serves {who.only} only",
+                {"action": perm.action, "topic": None, "token": who.name},
+            )  # fmt: skip
         if perm.topic == PATH:
             who.require(perm.action, path_name(request, "topic"))
         elif perm.topic is None:
@@ -149,19 +155,28 @@ async def _authorize_here(
     again as entries are applied here, for at least ``CATCH_UP_MIN_S`` (a heartbeat or two)
     and while this node trails what it heard the leader commit, at most ``CATCH_UP_S``."""
     observe = svc.settings.auth_observe
-    start = time.monotonic()
-    while True:
-        try:
-            return _authorize(route, perm, authn, observe, request)
-        except UnknownToken:
-            waited = time.monotonic() - start
-            if svc.leads() or waited >= CATCH_UP_S:
-                raise
-            if waited >= CATCH_UP_MIN_S:
-                st = svc.raft.status()
-                if st.leader_commit is None or st.applied_index >= st.leader_commit:
-                    raise  # caught up: unknown here means unknown (a revoked token is too)
+    try:
+        return _authorize(route, perm, authn, observe, request)
+    except UnknownToken:
+        if svc.leads() or authn.waiting >= MAX_TOKEN_WAITERS:
+            raise  # (junk tokens cannot tie up a follower: a bounded number wait)
+    authn.waiting += 1
+    try:
+        start = time.monotonic()
+        while True:
             await asyncio.sleep(0.01)
+            try:
+                return _authorize(route, perm, authn, observe, request)
+            except UnknownToken:
+                waited = time.monotonic() - start
+                if svc.leads() or waited >= CATCH_UP_S:
+                    raise
+                if waited >= CATCH_UP_MIN_S:
+                    st = svc.raft.status()
+                    if st.leader_commit is None or st.applied_index >= st.leader_commit:
+                        raise  # caught up: unknown here means unknown (revoked ones too)
+    finally:
+        authn.waiting -= 1
 
 
 def _bind(route: Route, svc: BrokerService, fwd: Forwarder, authn: Authenticator) -> AioHandler:
@@ -222,6 +237,7 @@ def build_app(
         internal=settings.internal_token,
     )
     app[AUTHN] = authn
+    auth.redact_library_logs()
     for route in routes:
         aio = _bind(route, svc, fwd, authn)
         app.router.add_route(route.method, route.path, aio)

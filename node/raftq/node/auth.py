@@ -50,6 +50,8 @@ _TOKEN = re.compile(r"rq_([A-Za-z0-9_-]{1,64})\.([A-Za-z0-9_-]{16,256})")
 SUBPROTOCOL = "raftq"  # what a WebSocket server selects when a client offers a bearer one
 BEARER_SUBPROTOCOL = "bearer."
 INTERNAL = "internal"  # the id of the node's own credential
+RELEASE_PATH = "/consumers/{consumer}/release"  # ... the one route it may use
+RESERVED_NAMES = frozenset(["admin", "internal", "anonymous"])  # no token may be named so
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="raftq"'}
 
 
@@ -100,6 +102,7 @@ class Principal:
     cluster: bool = False
     everything: bool = False
     digest: bytes = field(default=b"", repr=False)  # a replicated token's hash, for ``recheck``
+    only: str | None = None  # the one route (path) it may use: the node's own credential
 
     def may(self, action: str, topic: str | None = None) -> bool:
         if self.everything or action in (PUBLIC, OBSERVE, AUTHENTICATED):
@@ -128,6 +131,10 @@ class Principal:
 
 
 ANYONE = Principal("anonymous", everything=True)  # access control off
+# The nodes' own calls: giving back, at the leader, deliveries whose client went away here.
+INTERNAL_PRINCIPAL = Principal(
+    "internal", grants=({"topics": "*", "actions": ["consume"]},), only=RELEASE_PATH
+)
 NOBODY = Principal("anonymous")  # a public route's caller: no rights
 
 
@@ -141,6 +148,7 @@ class Authenticator:
     admin_token: str | None = None
     internal: str | None = None
     clock: Callable[[], float] = time.time
+    waiting: int = field(default=0, init=False)  # requests waiting to learn a token (app)
     _admin: bytes | None = field(default=None, init=False, repr=False)
     _internal: bytes | None = field(default=None, init=False, repr=False)
 
@@ -157,6 +165,8 @@ class Authenticator:
             return ANYONE
         if not credential:
             raise unauthenticated("this node needs a token: send Authorization: Bearer rq_...")
+        if not credential.isascii():
+            raise unauthenticated("malformed token: expected rq_<id>.<secret>")
         digest = secret_hash(credential)
         if self._admin is not None and hmac.compare_digest(digest, self._admin):
             return Principal("admin", everything=True, cluster=True)
@@ -166,7 +176,7 @@ class Authenticator:
         tid, secret = parsed
         if tid == INTERNAL:
             if self._internal is not None and hmac.compare_digest(digest, self._internal):
-                return Principal("internal", everything=True, cluster=True)
+                return INTERNAL_PRINCIPAL
             raise unauthenticated("invalid token")
         record = self.lookup(tid)
         if record is None:
@@ -209,6 +219,8 @@ def credential(headers: Mapping[str, str]) -> str | None:
         if scheme.lower() != "bearer" or not token.strip():
             raise unauthenticated("Authorization must be: Bearer rq_<id>.<secret>")
         return token.strip()
+    if headers.get("Upgrade", "").lower() != "websocket":
+        return None  # (a subprotocol is a credential on a WebSocket handshake only)
     for proto in headers.get("Sec-WebSocket-Protocol", "").split(","):
         proto = proto.strip()
         if proto.startswith(BEARER_SUBPROTOCOL):
@@ -229,5 +241,30 @@ def unauthenticated(message: str) -> ApiError:
 
 
 def audit(principal: Principal, action: str, target: str) -> None:
-    """One line per administrative action (never a secret)."""
-    log.info("audit: token %s: %s %s", principal.name, action, target)
+    """One line per administrative action (never a secret): the token's name and id."""
+    who = principal.name
+    if principal.token_id is not None:
+        who += f" ({principal.token_id})"
+    log.info("audit: token %s: %s %s", who, action, target)
+
+
+_SECRETS = re.compile(r"rq_[A-Za-z0-9_-]{1,64}\.[A-Za-z0-9_-]+")
+
+
+class RedactTokens(logging.Filter):
+    """Hides token secrets in what a library logs (aiohttp names the subprotocols a client
+    offered when none match, and a browser's token may be one of them)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "rq_" in text:
+            record.msg, record.args = _SECRETS.sub("rq_<redacted>", text), ()
+        return True
+
+
+def redact_library_logs() -> None:
+    """Install ``RedactTokens`` on the loggers that may print request headers (once)."""
+    for name in ("aiohttp.websocket", "aiohttp.server", "aiohttp.access"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactTokens) for f in logger.filters):
+            logger.addFilter(RedactTokens())

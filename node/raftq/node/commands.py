@@ -132,6 +132,7 @@ def redrive(topic: str, body: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------- publish
 
 MESSAGE_FIELDS = {"payload": ANY, "headers": MAP, "key": STR, "delay": NUM}
+RESERVED_HEADER = "x-raftq-"  # dead-letter history and redrive counts: set by the broker only
 _PLAIN_MESSAGE_KEYS = frozenset(("payload", "key"))
 
 
@@ -153,6 +154,14 @@ def message(m: Any, where: str, msgpack_body: bool) -> tuple[dict[str, Any], int
         raise ApiError(
             "invalid_argument", f"{where}.key must not be empty (omit it for no key)",
             {"field": "key"},
+        )  # fmt: skip
+    hdrs = m.get("headers")
+    if hdrs and any(isinstance(k, str) and k.lower().startswith(RESERVED_HEADER) for k in hdrs):
+        # The broker's own (dead-letter history, redrive counts): a client setting them could
+        # make a redrive deliver into another topic's group.
+        raise ApiError(
+            "invalid_argument", f"{where}.headers: names starting {RESERVED_HEADER} are the"
+            " broker's own", {"field": "headers"},
         )  # fmt: skip
     out = dict(m)
     out["payload"] = codec.payload_in(m["payload"], where + ".payload", msgpack_body)

@@ -17,7 +17,7 @@ from aiohttp import web
 from raftq.node import codec, commands, httpio
 from raftq.node.auth import ADMIN, BODY, CONSUME, PATH, PUBLISH, Permission, Principal
 from raftq.node.errors import ApiError
-from raftq.node.routes import Query, Route, path_name, principal, query
+from raftq.node.routes import Query, Route, path_name, principal, query, recheck
 from raftq.node.service import BrokerService, Leader
 from raftq.node.topics import TG, topic_group
 
@@ -61,9 +61,14 @@ async def receive(svc: BrokerService, request: web.Request) -> web.StreamRespons
     topic, group = topic_group(request)
     cmd, wait = commands.receive(topic, group, await httpio.read_body(request))
     consumer = cmd["consumer"]
+    who = principal(request)
+
+    def may_receive() -> None:  # (a long poll outlives a revoke or new grants: ask each time)
+        recheck(request, who).require(CONSUME, topic)
+
     # (a consumer id is the caller's to choose: a drop releases only what it may consume)
-    with svc.handing_out(consumer, principal(request).patterns(CONSUME)):
-        deliveries = await svc.long_poll(cmd, wait)
+    with svc.handing_out(consumer, who.patterns(CONSUME)):
+        deliveries = await svc.long_poll(cmd, wait, may_receive)
         out = {
             "consumer": consumer,
             "deliveries": [{"topic": topic, "group": group, **d} for d in deliveries],
@@ -93,10 +98,11 @@ async def forward_receive(
     if consumer is None or consumer == "":  # anything else goes as is: the leader checks it
         consumer = obj["consumer"] = commands.fresh_consumer()
         body = codec.encode(obj, mp)[0]
+    topics = principal(request).patterns(CONSUME)  # (what the client may consume, no more)
 
     def give_back() -> None:
         if isinstance(consumer, str):
-            svc.spawn(fwd.release_at(leader.api, consumer))
+            svc.spawn(fwd.release_at(leader.api, consumer, topics))
 
     sent = asyncio.ensure_future(fwd.send(request, leader, body))
     try:
@@ -151,13 +157,25 @@ def _settle(op: str) -> Any:
 
 
 async def release_consumer(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    """Only what the caller may consume is given back (other tokens' deliveries stay); a
+    caller may narrow that with ``topics`` (patterns it holds: a node releasing for the
+    client of a receive it forwarded passes that client's)."""
     cmd = commands.release(request.match_info["consumer"])
-    commands.empty(await httpio.read_body(request))
-    patterns = principal(request).patterns(CONSUME)
-    if patterns is not None:  # only what it may consume: other tokens' deliveries stay
-        if not patterns:
-            principal(request).require(CONSUME, "*")
-        cmd["topics"] = patterns
+    body = commands.check_fields(await httpio.read_body(request), {"topics": commands.LIST})
+    who = principal(request)
+    mine = who.patterns(CONSUME)
+    given = body.get("topics")
+    if mine is not None and not mine:
+        who.require(CONSUME, "*")  # (no consume right at all: 403)
+    if given is not None:
+        if mine is not None and "*" not in mine and not set(given) <= set(mine):
+            raise ApiError(
+                "forbidden", f"token {who.name!r} may release only on its own patterns",
+                {"action": CONSUME, "topic": None, "token": who.name},
+            )  # fmt: skip
+        cmd["topics"] = given
+    elif mine is not None:
+        cmd["topics"] = mine
     return httpio.respond(request, await svc.call(cmd))
 
 

@@ -14,7 +14,7 @@ from raftq.node.auth import AUTHENTICATED, CLUSTER, OBSERVE, PUBLIC, Permission
 from raftq.node.errors import ApiError
 from raftq.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from raftq.node.proxy import Forwarder
-from raftq.node.routes import LOCAL, Query, Route, query
+from raftq.node.routes import LOCAL, Query, Route, principal, query
 from raftq.node.service import BrokerService
 
 FORWARDER: web.AppKey[Forwarder] = web.AppKey("forwarder", Forwarder)
@@ -76,6 +76,7 @@ async def cluster(svc: BrokerService, request: web.Request) -> web.StreamRespons
         "members": members,
     }
     if query(request)["digest"]:
+        principal(request).require(CLUSTER)  # (O(state) under the apply lock: operators only)
         # Fingerprint of this replica's state (O(state): for checks, not for polling).
         body["digest"] = svc.raft.read(lambda b: b.digest())
     return httpio.respond(request, body)
@@ -102,7 +103,8 @@ ROUTES = [
     Route("GET", "/cluster", cluster, "This node, its role, the leader and the members",
           where=LOCAL, strict_query=False, answer="Cluster", perm=Permission(AUTHENTICATED),
           query=(Query("digest", kind="flag",
-                       doc="1 or true: add a fingerprint of this replica's state"),)),
+                       doc="1 or true: add a fingerprint of this replica's state (needs a"
+                           " cluster token)"),)),
     Route("POST", "/cluster/members", add_member, "Add a member (start it first)",
           body="AddMember", perm=Permission(CLUSTER)),
     Route("DELETE", "/cluster/members/{node}", remove_member, "Remove a member", body="Empty",

@@ -123,22 +123,31 @@ class Forwarder:
                 out[h] = upstream[h]
         return web.Response(status=status, body=data, headers=out, content_type=ctype)
 
-    async def release_at(self, leader_api: str, consumer: str) -> None:
-        """Give a consumer's deliveries back at the leader (its client went away here)."""
+    async def release_at(
+        self, leader_api: str, consumer: str, topics: list[str] | None = None
+    ) -> None:
+        """Give a consumer's deliveries back at the leader (its client went away here); with
+        ``topics``, only those on topics matching them (the caller's consume patterns)."""
         if self.session is None:
             return
+        headers = {FORWARDED: self.settings.node_id}
+        if self.settings.internal_token:  # the node's own credential (raftq.node.auth)
+            headers["Authorization"] = f"Bearer {self.settings.internal_token}"
+        quoted = urllib.parse.quote(consumer, safe="")
         try:
-            headers = {FORWARDED: self.settings.node_id}
-            if self.settings.internal_token:  # the node's own credential (raftq.node.auth)
-                headers["Authorization"] = f"Bearer {self.settings.internal_token}"
-            quoted = urllib.parse.quote(consumer, safe="")
             async with self.session.post(
                 f"{self.settings.url(leader_api)}/consumers/{quoted}/release",
+                json=None if topics is None else {"topics": topics},
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.settings.propose_timeout + 1),
                 ssl=self._ssl(),
             ) as r:
-                await r.read()
+                answer = await r.read()
+                if r.status >= 300:
+                    log.warning(
+                        "release of consumer %s via the leader refused: %d %s",
+                        consumer, r.status, answer[:200].decode("utf-8", "replace"),
+                    )  # fmt: skip
         except (aiohttp.ClientError, TimeoutError) as e:
             log.warning("release of consumer %s via the leader failed: %r", consumer, e)
 

@@ -53,7 +53,7 @@ class Query:
     def parse(self, raw: str | None) -> Any:
         if self.kind == "flag":
             return raw in ("1", "true")
-        if raw is None:
+        if raw is None or (raw == "" and self.choices):  # (format= means the default)
             return self.default
         if self.choices:
             if raw not in self.choices:

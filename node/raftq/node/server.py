@@ -47,7 +47,7 @@ class NodeOptions:
     advertise: str | None = None  # host:port others reach the API at (default: listen)
     peers: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (raft, api)
     data_dir: str | None = None
-    secret: str | None = None
+    secret: str | None = field(default=None, repr=False)
     insecure: bool = False
     auth: bool = True
     admin_token: str | None = field(default=None, repr=False)

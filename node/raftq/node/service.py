@@ -157,8 +157,8 @@ class BrokerService:
             splittable=lambda e: isinstance(e, EntryTooLarge | UNENCODABLE),
         )
         self.draining = asyncio.Event()
-        # (leader's API address, consumer) -> give its deliveries back there
-        self.release_remote: Callable[[str, str], Awaitable[None]] | None = None
+        # (leader's API address, consumer, topic patterns) -> give its deliveries back there
+        self.release_remote: Callable[[str, str, list[str] | None], Awaitable[None]] | None = None
         self._caught_up = False  # readiness: applied the leader's commit index once since start
         # The ticker's wake-up on the next applied entries (leader only; see _ticker).
         self._apply_signal: asyncio.Future[None] | None = None
@@ -169,6 +169,7 @@ class BrokerService:
         # consumer id -> number of open connections holding it (long polls, streams)
         self.held_consumers: dict[str, int] = {}
         self.stream_consumers: set[str] = set()  # the streams' own (ids unique per stream)
+        self._held_topics: dict[str, list[str] | None] = {}  # a held consumer's patterns
         # long polls waiting for something deliverable, per (topic, group)
         self._waiters: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
         self.metrics.gauge(
@@ -254,10 +255,14 @@ class BrokerService:
     # ------------------------------------------------------------------ consumers
 
     @contextlib.contextmanager
-    def hold_consumer(self, consumer: str, stream: bool = False) -> Iterator[None]:
+    def hold_consumer(
+        self, consumer: str, stream: bool = False, topics: list[str] | None = None
+    ) -> Iterator[None]:
         """Mark a consumer id as owned by an open connection; at shutdown, whatever is still
-        held is released (so its deliveries go back at once instead of timing out)."""
+        held is released (on ``topics`` patterns, if given: what the holder may consume), so
+        its deliveries go back at once instead of timing out."""
         self.held_consumers[consumer] = self.held_consumers.get(consumer, 0) + 1
+        self._held_topics[consumer] = topics
         if stream:
             self.stream_consumers.add(consumer)
         try:
@@ -268,6 +273,7 @@ class BrokerService:
                 self.held_consumers[consumer] = n
             else:
                 del self.held_consumers[consumer]
+                self._held_topics.pop(consumer, None)
             if stream:
                 self.stream_consumers.discard(consumer)
 
@@ -277,7 +283,7 @@ class BrokerService:
         not get them (it went away, or the receive's outcome is unknown), release them now
         (those on ``topics`` patterns, if given), so they are redelivered at once instead of
         after their visibility timeout."""
-        with self.hold_consumer(consumer):
+        with self.hold_consumer(consumer, topics=topics):
             try:
                 yield
             except (asyncio.CancelledError, ConnectionError):
@@ -303,7 +309,7 @@ class BrokerService:
                 log.warning("release of consumer %s failed: no leader", consumer)
                 return
             if self.release_remote is not None:
-                await self.release_remote(leader.api, consumer)
+                await self.release_remote(leader.api, consumer, topics)
         except ApiError as e:
             log.warning("release of consumer %s failed: %s", consumer, e)
 
@@ -316,12 +322,17 @@ class BrokerService:
 
     # ------------------------------------------------------------------ long polls
 
-    async def long_poll(self, cmd: dict[str, Any], wait: float) -> list[dict[str, Any]]:
+    async def long_poll(
+        self, cmd: dict[str, Any], wait: float, check: Callable[[], None] = lambda: None
+    ) -> list[dict[str, Any]]:
         """Propose ``cmd`` (a receive); while it comes back empty, wait for applied entries
-        that may have made the group deliverable, up to ``wait`` seconds."""
+        that may have made the group deliverable, up to ``wait`` seconds. ``check()`` runs
+        before each proposal (the caller's right to receive, which may be revoked meanwhile:
+        it raises to stop)."""
         topic, group = cmd["topic"], cmd["group"]
         deadline = asyncio.get_running_loop().time() + wait
         while True:
+            check()
             res = await self.call({**cmd, "token": secrets.token_bytes(16)})
             deliveries: list[dict[str, Any]] = res["deliveries"]
             if deliveries or self.draining.is_set():
@@ -472,7 +483,7 @@ class BrokerService:
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
         for consumer in list(self.held_consumers):
-            self.spawn(self.release(consumer))
+            self.spawn(self.release(consumer, self._held_topics.get(consumer)))
         # Releases and group commit share one bound (server.DRAIN_S).
         drain_end = time.monotonic() + self.settings.propose_timeout + 1
         if self._background:

@@ -67,7 +67,15 @@ import msgpack
 from aiohttp import WSMessage, WSMsgType, web
 
 from raftq.node import codec, commands
-from raftq.node.auth import BODY, CONSUME, PATH, PUBLISH, SUBPROTOCOL, Permission
+from raftq.node.auth import (
+    BEARER_SUBPROTOCOL,
+    BODY,
+    CONSUME,
+    PATH,
+    PUBLISH,
+    SUBPROTOCOL,
+    Permission,
+)
 from raftq.node.errors import ApiError
 from raftq.node.messages import may_settle
 from raftq.node.routes import Query, Route, path_name, principal, query, recheck
@@ -95,7 +103,14 @@ CLOSE_POLICY = 1008  # its answers are not read, or its token was revoked, disab
 def _leader_stream(svc: BrokerService, request: web.Request) -> str:
     """What every stream checks before it upgrades: a WebSocket upgrade, and that this node
     leads (a follower redirects to the leader); returns the ``format`` asked for."""
-    if not web.WebSocketResponse().can_prepare(request).ok:
+    offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+    if any(p.startswith(BEARER_SUBPROTOCOL) for p in offered) and SUBPROTOCOL not in offered:
+        raise ApiError(
+            "invalid_argument",
+            f"a token sent as a subprotocol needs the subprotocol {SUBPROTOCOL!r} offered too",
+            {"field": "Sec-WebSocket-Protocol"},
+        )
+    if not web.WebSocketResponse(protocols=(SUBPROTOCOL,)).can_prepare(request).ok:
         raise ApiError(
             "upgrade_required", "this endpoint streams over a WebSocket: send Upgrade: websocket"
         )
@@ -201,6 +216,9 @@ async def consume(svc: BrokerService, request: web.Request) -> web.StreamRespons
     if visibility is not None:
         receive["visibility"] = visibility
 
+    def may_receive() -> None:
+        recheck(request, who).require(CONSUME, topic)
+
     async def settle(frame: Any) -> None:
         fid = frame.get("id") if isinstance(frame, dict) else None
         checked = False  # past the frame's own checks: a frame without id gets no answer now
@@ -260,7 +278,7 @@ async def consume(svc: BrokerService, request: web.Request) -> web.StreamRespons
             while not ws.closed and not reader.done() and not svc.draining.is_set():
                 if not svc.leads():  # looked at least every LEADER_CHECK_S, idle or not
                     raise LeaderLost()
-                recheck(request, who)  # a revoked or disabled token's stream ends (1008)
+                may_receive()  # a revoked, disabled or narrowed token's stream ends (1008)
                 now_ms = time.time() * 1000
                 for r in [r for r, d in outstanding.items() if d <= now_ms]:
                     del outstanding[r]
@@ -277,6 +295,7 @@ async def consume(svc: BrokerService, request: web.Request) -> web.StreamRespons
                 # costs a commit round, and a publish applied meanwhile would wait for it.
                 if not await svc.wait_deliverable(topic, group, loop.time() + LEADER_CHECK_S):
                     continue
+                may_receive()  # (and again right before each receive: it may have changed)
                 res = await svc.call({**receive, "max": room, "token": secrets.token_bytes(16)})
                 deliveries = res["deliveries"]
                 if not deliveries:
@@ -293,7 +312,7 @@ async def consume(svc: BrokerService, request: web.Request) -> web.StreamRespons
                         {"type": "delivery", "delivery": {"topic": topic, "group": group, **d}}
                     )
         except ApiError as e:
-            code = CLOSE_POLICY if e.code == "unauthenticated" else 1011
+            code = CLOSE_POLICY if e.code in ("unauthenticated", "forbidden") else 1011
             close_code, close_msg = code, e.message.encode()[:120]
         except LeaderLost:  # the client reconnects to the new leader
             close_code, close_msg = CLOSE_LEADER_CHANGED, b"leader changed"

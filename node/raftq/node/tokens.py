@@ -48,8 +48,16 @@ def _expiry(body: dict[str, Any], cmd: dict[str, Any]) -> None:
     cmd["expires_at"] = int(time.time() * 1000 + secs * 1000)
 
 
+def _name_free(body: dict[str, Any]) -> None:
+    if body.get("name") in auth.RESERVED_NAMES:  # (the audit log's names for the others)
+        raise ApiError(
+            "invalid_argument", f"{body['name']!r} is a reserved name", {"field": "name"}
+        )
+
+
 async def create_token(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     body = commands.check_fields(await httpio.read_body(request), _FIELDS, ("name",))
+    _name_free(body)
     tid, secret, text = auth.new_token()
     cmd: dict[str, Any] = {
         "op": "token_create",
@@ -83,6 +91,7 @@ async def show_token(svc: BrokerService, request: web.Request) -> web.StreamResp
 async def update_token(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     tid = _token_id(request)
     body = commands.check_fields(await httpio.read_body(request), {**_FIELDS, "disabled": BOOL})
+    _name_free(body)
     cmd: dict[str, Any] = {"op": "token_update", "id": tid}
     cmd.update({k: v for k, v in body.items() if v is not None and k != "expires_in"})
     _expiry(body, cmd)

@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
+from raftq.cluster import validate
 from raftq.node import commands, httpio
 from raftq.node.auth import ADMIN, AUTHENTICATED, BODY, PATH, TOPIC, Permission
 from raftq.node.routes import Route, path_name, principal
@@ -17,20 +18,26 @@ def _created(request: web.Request, res: dict[str, object]) -> web.Response:
     return httpio.respond(request, res, 201 if res.get("created") else 200)
 
 
-def _dead_letter_topics(configs: list[Any]) -> list[str]:
-    """The dead-letter topics that group configs name (their letters are published there)."""
+def _dead_letter_topics(topic: str, configs: list[Any], new: bool) -> list[str]:
+    """The dead-letter topics that group configs make their groups publish to: the named
+    one, or (for a new group that names none) ``<topic>.dlq``."""
     out = []
     for config in configs:
-        dlq = config.get("dead_letter_topic") if isinstance(config, dict) else None
+        named = isinstance(config, dict) and "dead_letter_topic" in config
+        dlq = config["dead_letter_topic"] if named else None
+        if not named and new:
+            dlq = validate.default_dead_letter_topic(topic)
         if isinstance(dlq, str):
             out.append(dlq)
     return out
 
 
-def _may_configure(request: web.Request, topic: str, configs: list[Any]) -> None:
+def _may_configure(request: web.Request, topic: str, configs: list[Any], new: bool) -> None:
+    """``admin`` on the topic, and on every dead-letter topic its groups would publish to
+    (a dead-letter topic is made on demand: it could be somebody else's)."""
     who = principal(request)
     who.require(ADMIN, topic)
-    for dlq in _dead_letter_topics(configs):
+    for dlq in _dead_letter_topics(topic, configs, new):
         who.require(ADMIN, dlq)
 
 
@@ -42,8 +49,8 @@ async def list_topics(svc: BrokerService, request: web.Request) -> web.StreamRes
 
 async def create_topic(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     cmd = commands.create_topic(await httpio.read_body(request))
-    groups = [g.get("config") for g in cmd.get("groups") or ()]
-    _may_configure(request, cmd["topic"], groups)
+    groups = [g.get("config") for g in cmd.get("groups") or [{}]]  # (none: group default)
+    _may_configure(request, cmd["topic"], groups, new=True)
     return _created(request, await svc.call(cmd))
 
 
@@ -78,7 +85,7 @@ async def list_groups(svc: BrokerService, request: web.Request) -> web.StreamRes
 async def create_group(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     topic = path_name(request, "topic")
     cmd = commands.create_group(topic, await httpio.read_body(request))
-    _may_configure(request, topic, [cmd.get("config")])
+    _may_configure(request, topic, [cmd.get("config")], new=True)
     return _created(request, await svc.call(cmd))
 
 
@@ -94,7 +101,7 @@ async def get_group(svc: BrokerService, request: web.Request) -> web.StreamRespo
 async def update_group(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     topic, group = topic_group(request)
     cmd = commands.update_group(topic, group, await httpio.read_body(request))
-    _may_configure(request, topic, [cmd.get("config")])
+    _may_configure(request, topic, [cmd.get("config")], new=False)
     return httpio.respond(request, await svc.call(cmd))
 
 
