@@ -48,6 +48,10 @@ What it changes in pysyncobj's behaviour:
   of 1-2 s (``Elections``); pre-vote (``PreVote``): a node stands (term + 1) only once a
   majority said it would vote for it, and a node with a live leader says no, so a node cut off
   and back does not depose the leader (pysyncobj steps down on any higher term it is sent);
+* membership: changes are checked first (``_membership``: one at a time, never one the live
+  members could not survive), a removed member is told, pysyncobj's admin messages that add or
+  remove members on the Raft port are switched off, and ``force_new_cluster`` recovers a lost
+  majority;
 * reads: ``read_barrier`` confirms leadership with a majority before a read (ReadIndex;
   pysyncobj has no read path, so a deposed leader answered from stale state).
 
@@ -63,9 +67,10 @@ reaches pysyncobj through the components' thread-safe queues.
 Modules, one job each: ``_node`` (RaftNode: start, wiring, public API), ``_seam`` (pysyncobj),
 ``_ticks`` (who ticks when), ``_proposals`` (proposals and outcomes), ``_replication`` (sends
 and acks), ``_inbound`` (received messages and connections), ``_elections`` (timeouts and
-pre-vote), ``_peers`` (what peers take part in), ``_reads`` (read barriers), ``_snapshots``,
-``_files`` (data dir lock, commit mark), ``_wire`` (bytes on the wire), ``_tuning`` (constants
-and their measurements), ``_types`` (public types).
+pre-vote), ``_membership`` (safe membership changes), ``_peers`` (what peers take part in),
+``_reads`` (read barriers), ``_snapshots``, ``_files`` (data dir lock, commit mark), ``_wire``
+(bytes on the wire), ``_tuning`` (constants and their measurements), ``_types`` (public
+types).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from raftq.cluster.raft._membership import KINDS as MEMBERSHIP
 from raftq.cluster.raft._seam import LEADER, Node
 from raftq.cluster.raft._wire import _HELLO, _OURS, _READ_PING, _READ_PONG
 
@@ -23,6 +24,7 @@ class Inbound:
         self._elections = node._elections
         self._pre_vote = node._pre_vote
         self._replication = node._replication
+        self._members = node._members
 
     def on_message(self, node: Node, message: Any) -> None:
         raft = self._raft
@@ -30,6 +32,9 @@ class Inbound:
             raft.handle_message(node, message)
             return
         kind = message.get("type")
+        if kind in MEMBERSHIP:
+            self._members.on_message(node, kind, message)
+            return
         if kind in _OURS:
             if kind == _HELLO:  # what the peer's version takes part in
                 self._peers.on_hello(node, message)
@@ -44,6 +49,7 @@ class Inbound:
             term = raft.term
             current = message.get("term", -1) >= term
             self._pre_vote.heard_append(message, term)
+            self._members.heard_append(node, message)
             if "prevLogIdx" not in message and "commit_index" in message:
                 # A snapshot chunk (or "none yet") checks nothing of our log, yet pysyncobj
                 # raised our commit index to the leader's over whatever our log holds: an
@@ -77,3 +83,4 @@ class Inbound:
     def on_disconnected(self, node: Node) -> None:
         self._peers.disconnected(node)
         self._elections.disconnected(node)
+        self._members.disconnected(node)

@@ -17,6 +17,7 @@ from raftq.cluster.entry import encode_entry
 from raftq.cluster.raft._elections import Elections, PreVote
 from raftq.cluster.raft._files import CommitMarks, align_journal, lock_data_dir
 from raftq.cluster.raft._inbound import Inbound
+from raftq.cluster.raft._membership import NOTICE_WAIT, PROBE_TIMEOUT, Membership, probe
 from raftq.cluster.raft._peers import Peers
 from raftq.cluster.raft._proposals import Proposals
 from raftq.cluster.raft._reads import Reads
@@ -144,6 +145,9 @@ class RaftNode:
             compaction_entries,
         )
         self._proposals = Proposals(self)
+        self._members = Membership(self)
+        self._changing = False  # a membership change is being made through this node
+        self._sealer: _Sealer | None = None
         self._inbound = Inbound(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -199,7 +203,8 @@ class RaftNode:
         raft.install_storage(journal, snaps)
         self._journal = journal
         if cfg.secret:
-            raft.install_sealer(_Sealer(cfg.secret))
+            self._sealer = _Sealer(cfg.secret)
+            raft.install_sealer(self._sealer)
         self._ticks.install()
         if snaps.exists():
             try:
@@ -221,6 +226,11 @@ class RaftNode:
                 self._marks.apply(raft, journal)
             except StorageError as e:
                 self._fail(e)
+        if self._fatal is None and cfg.force_new_cluster:
+            try:
+                self._force_new_cluster()
+            except StorageError as e:
+                self._fail(e)
         if self._fatal is not None:
             raft.destroy()
             self._ticks.close_notifier()
@@ -236,6 +246,28 @@ class RaftNode:
         # or this node calls an election (and deposes a healthy leader) on its first tick.
         self._elections.restart_timer()
         self._ticks.start(f"raft-{cfg.node_id}")
+        if cfg.force_new_cluster:
+            self.force_compaction()  # the snapshot keeps the new membership (see above)
+
+    def _force_new_cluster(self) -> None:
+        """The operator's way back from a lost majority: this node's whole journal committed and
+        applied (what it would do as the leader of any configuration), then this node made the
+        only member; ``start`` then writes a snapshot, which keeps that membership."""
+        raft = self._raft
+        last = raft.last_log_index
+        if raft.commit_index < last:
+            raft.commit_index = last
+        raft.apply_committed()  # (membership entries among them applied too)
+        dropped = sorted(self._info.get(n.id, (str(n.id),))[0] for n in raft.other_nodes)
+        raft.set_members([])
+        log.critical(
+            "raft %s: FORCED NEW CLUSTER: entries up to %d committed on this node's word, and"
+            " this node made the only member (the others were: %s); add members back one at a"
+            " time, each with an empty data directory",
+            self.config.node_id,
+            last,
+            ", ".join(dropped) or "none",
+        )
 
     async def stop(self) -> None:
         ticks = self._ticks
@@ -427,6 +459,7 @@ class RaftNode:
             applied_index=applied,
             members=members,
             running=running,
+            removed=self._members.removed,
             error=None if self._fatal is None else str(self._fatal),
             leader_commit=raft.leader_commit,
         )
@@ -472,22 +505,65 @@ class RaftNode:
         return not self.is_leader() and self._leader()[0] not in (None, self.config.node_id)
 
     async def _membership(self, op: str, node: Node, timeout: float) -> None:
+        """Add or remove ``node`` (on the leader), if ``Membership.refusal`` finds it safe;
+        a node being removed is told first (``Membership.notify``)."""
         self._check_running()
         if not self.is_leader():
             raise self._not_leader()
-        method = self._raft.add_node if op == "add" else self._raft.remove_node
+        if self._changing:
+            raise RaftError(
+                "membership change refused: another one is being made; one change at a time"
+            )
+        self._changing = True
+        members = self._members
+        notified = False
         try:
-            _, err = await self._on_tick_thread(lambda cb: method(node, cb), timeout)
-        except TimeoutError:
-            raise UnknownOutcome(
-                f"membership change {op} {node.id} not committed in time"
-            ) from None
-        if err != FAIL_REASON.SUCCESS:
-            if err in (FAIL_REASON.NOT_LEADER, FAIL_REASON.MISSING_LEADER):
-                raise self._not_leader()
-            if err == FAIL_REASON.QUEUE_FULL:
-                raise QueueFull("membership queue full")
-            raise RaftError(f"membership change {op} {node.id} refused (reason {err})")
+            if op == "rem":
+                try:
+                    notified, why = await self._on_tick_thread(
+                        lambda cb: members.notify(node, cb), NOTICE_WAIT
+                    )
+                except TimeoutError:
+                    notified, why = True, None  # (it may have heard: cancelled if refused)
+                if why is not None:
+                    raise RaftError(f"membership change refused: {why}")
+            method = self._raft.add_node if op == "add" else self._raft.remove_node
+
+            def change(cb: Callable[[Any, Any], None]) -> None:
+                why = members.refusal(op, node)
+                if why is not None:
+                    cb(None, why)
+                    return
+                if op == "add":
+                    members.adding(node)
+                method(node, cb)
+
+            try:
+                _, err = await self._on_tick_thread(change, timeout)
+            except TimeoutError:
+                notified = False  # (it may have happened)
+                raise UnknownOutcome(
+                    f"membership change {op} {node.id} not committed in time"
+                ) from None
+            if err != FAIL_REASON.SUCCESS:
+                if err in (FAIL_REASON.NOT_LEADER, FAIL_REASON.MISSING_LEADER):
+                    raise self._not_leader()
+                if err == FAIL_REASON.QUEUE_FULL:
+                    raise QueueFull("membership queue full")
+                if isinstance(err, str):
+                    raise RaftError(f"membership change refused: {err}")
+                if err == FAIL_REASON.REQUEST_DENIED:
+                    raise RaftError(
+                        "membership change refused: an earlier change (or this leader's first"
+                        " entry) is not committed yet; one change at a time, retry shortly"
+                    )
+                raise RaftError(f"membership change {op} {node.id} refused (reason {err})")
+            notified = False
+        finally:
+            self._changing = False
+            if notified:
+                self._ticks.calls.append(lambda: members.cancel(node))
+                self._ticks.wake()
 
     async def add_member(
         self, node_id: str, raft_addr: str, api_addr: str, timeout: float = 10.0
@@ -499,6 +575,16 @@ class RaftNode:
                     f"cannot add {node_id} at {raft_addr}: {nid} at {m['raft']} is a member"
                     " already (remove it first to replace it)"
                 )
+        if not self.is_leader():
+            raise self._not_leader()
+        # Never a member that is not there: it would count toward the majority all the same.
+        why = await probe(raft_addr, self._sealer, PROBE_TIMEOUT)
+        if why is not None:
+            raise RaftError(
+                f"membership change refused: {node_id} does not answer on its Raft port"
+                f" {raft_addr} with this cluster's secret: {why}; start it first (with every"
+                " member as a peer and the cluster secret), then add it"
+            )
         self._info[raft_addr] = (node_id, api_addr)
         await self._membership("add", make_node(raft_addr, node_id, api_addr), timeout)
 

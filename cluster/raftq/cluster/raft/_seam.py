@@ -159,6 +159,7 @@ CALLED: dict[str, tuple[str, ...]] = {
         "_SyncObj__applyLogEntries",
         "_SyncObj__loadDumpFile",
         "_SyncObj__setCurrentTerm",  # (tests only: Raft.set_term)
+        "_SyncObj__updateClusterConfiguration",  # (Raft.set_members: a forced new cluster)
         "_getFuncName",
         "_doDestroy",
     ),
@@ -593,6 +594,9 @@ class Raft:
 
         transport.setOnNodeConnectedCallback(on_connected)
         transport.setOnNodeDisconnectedCallback(on_disconnected)
+        # Membership changes go through RaftNode's checks only, not pysyncobj's admin messages.
+        transport.setOnUtilityMessageCallback("add", None)
+        transport.setOnUtilityMessageCallback("remove", None)
         self.started = True
 
     # ------------------------------------------------------------------ set-up
@@ -774,6 +778,11 @@ class Raft:
 
     def transfer_leadership(self, callback: Callable[[Any, Any], None]) -> None:
         self._b.transferLeadership(callback=callback)
+
+    def set_members(self, others: list[Node]) -> None:
+        """Make ``others`` the other members, as a snapshot's membership is loaded (at start
+        only: no log entry says so)."""
+        self._b._SyncObj__updateClusterConfiguration(others)
 
     def add_node(self, node: Node, callback: Callable[[Any, Any], None]) -> None:
         self._b.addNodeToCluster(node, callback=callback)

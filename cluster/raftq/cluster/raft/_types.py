@@ -16,6 +16,8 @@ class RaftConfig:
     secret: str | None
     insecure: bool = False
     fsync: str = "always"  # "always" | "never" (never: a power loss can lose acked entries)
+    # Recovery from a lost majority: commit this node's journal and make it the only member.
+    force_new_cluster: bool = False
 
 
 class RaftError(Exception):
@@ -65,3 +67,5 @@ class RaftStatus:
     # The commit index the leader last told this node (its own on the leader), not capped at
     # this node's log as commit_index is; None until a leader was heard from since start.
     leader_commit: int | None = None
+    # A leader told this node it is being removed from the cluster (it serves no more).
+    removed: bool = False
