@@ -1,15 +1,24 @@
-"""Dynamic membership over the HTTP API, on real processes."""
+"""Dynamic membership over the HTTP API, on real processes: the changes the live members could
+not survive are refused, a removed node stops serving, and a lost majority is recovered with
+``--force-new-cluster``."""
 
 from __future__ import annotations
 
+import os
+import socket
+import socketserver
+import threading
 import uuid
 from pathlib import Path
+from types import TracebackType
 
 import pytest
 
 from raftq.client import Client, InvalidArgument
 from raftq.client.errors import Conflict
-from tests.node.cluster_fixture import Cluster, wait_for
+from raftq.cluster.raft._membership import _SIZE, open_frame, seal_frame
+from raftq.cluster.raft._wire import _Sealer
+from tests.node.cluster_fixture import Cluster, free_ports, http, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -67,8 +76,176 @@ def test_membership_input_errors_are_4xx(tmp_path: Path) -> None:
             with pytest.raises(Conflict, match="is a member already"):
                 cl.add_member("n7", n2.raft, n2.api)
             # A node that is not running: refused before it counts toward the majority.
-            with pytest.raises(Conflict, match="start it first"):
+            with pytest.raises(Conflict, match="does not answer on its Raft port"):
                 cl.add_member("n8", "127.0.0.1:1", "127.0.0.1:1")
             assert sorted(cl.cluster()["members"]) == ["n1", "n2", "n3"]
+    finally:
+        c.close()
+
+
+class FakePeer:
+    """A Raft port that answers the key exchange sealed with ``secret`` (if it can open the
+    caller's frame) and then ignores everything: a member that never catches up."""
+
+    def __init__(self, secret: str) -> None:
+        sealer = _Sealer(secret)
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                sock: socket.socket = self.request
+                sock.settimeout(30)
+                try:
+                    head = sock.recv(_SIZE.size, socket.MSG_WAITALL)
+                    body = sock.recv(_SIZE.unpack(head)[0], socket.MSG_WAITALL)
+                    key = open_frame(sealer, body)
+                except Exception:
+                    return  # (another secret: closes, as a node does)
+                sock.sendall(seal_frame(sealer, (key, os.urandom(32))))
+                while sock.recv(1 << 16):
+                    pass
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.addr = f"127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakePeer:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_changes_the_live_members_could_not_survive_are_refused_and_change_nothing(
+    tmp_path: Path,
+) -> None:
+    c = Cluster(tmp_path, 3).start()
+    try:
+        topic = f"t-{uuid.uuid4().hex[:8]}"
+        with Client([c.url(n) for n in c.nodes], timeout=30) as cl:
+            cl.create_topic(topic)
+            members = ["n1", "n2", "n3"]
+
+            def unchanged() -> None:
+                assert sorted(cl.cluster()["members"]) == members
+                cl.publish(topic, b"still writable")
+
+            def refused(match: str, change: object, *args: str) -> None:
+                with pytest.raises(Conflict, match=match) as info:
+                    change(*args)  # type: ignore[operator]
+                assert info.value.server_code == "membership_refused"
+                unchanged()
+
+            # Nothing on that Raft port; a port that does not know the cluster secret.
+            nowhere = f"127.0.0.1:{free_ports(1)[0]}"
+            refused("does not answer on its Raft port", cl.add_member, "n4", nowhere, nowhere)
+            with FakePeer("another cluster's secret") as other:
+                refused("another cluster secret", cl.add_member, "n4", other.addr, nowhere)
+
+            # A member that never catches up: no further change until it has, but it can go.
+            with FakePeer(c.secret) as slow, FakePeer(c.secret) as next_:
+                assert cl.add_member("n4", slow.addr, nowhere)["members"] == [*members, "n4"]
+                members.append("n4")
+                refused("n4 has not caught up", cl.add_member, "n5", next_.addr, nowhere)
+                assert cl.remove_member("n4")["members"] == members[:3]
+                members.remove("n4")
+            unchanged()
+
+            # A follower down: two of three live. Removing the other follower (two members, one
+            # live) or adding a fourth (majority three) would leave no majority.
+            leader = c.wait_leader()
+            down, other_follower = (n for n in members if n != leader)
+            c.kill(down)
+            wait_for(
+                f"the leader to see {down} gone",
+                lambda: not c.status(leader)["members"][down]["connected"],
+                10,
+            )
+            refused("only 1 of them are live", cl.remove_member, other_follower)
+            with FakePeer(c.secret) as fresh:
+                refused("only 2 are live", cl.add_member, "n4", fresh.addr, nowhere)
+    finally:
+        c.close()
+
+
+def test_a_removed_node_turns_unready_and_refuses_broker_requests(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, 3).start()
+    try:
+        leader = c.wait_leader()
+        gone, stays = (n for n in c.nodes if n != leader)
+        topic = f"t-{uuid.uuid4().hex[:8]}"
+        with Client(c.url(leader), timeout=30) as cl:
+            cl.create_topic(topic)
+            assert cl.remove_member(gone)["members"] == sorted([leader, stays])
+            code, ready = http("GET", c.url(gone) + "/readyz", token=None)
+            assert (code, ready["ready"], ready["removed"]) == (503, False, True)
+            for method, path, body in (
+                ("POST", f"/topics/{topic}/messages", {"payload": "eA=="}),
+                ("GET", f"/topics/{topic}", None),
+                ("POST", "/topics", {"topic": f"{topic}-2"}),
+            ):
+                code, err = http(method, c.url(gone) + path, body)
+                assert (code, err["code"]) == (503, "removed_from_cluster"), (path, err)
+            # The two left are a cluster of two, and serve.
+            cl.publish(topic, b"after")
+            assert http("GET", c.url(stays) + "/readyz", token=None)[0] == 200
+            assert sorted(c.status(stays)["members"]) == sorted([leader, stays])
+            # Added back, it serves again.
+            node = c.nodes[gone]
+            assert gone in cl.add_member(gone, node.raft, node.api)["members"]
+            wait_for(
+                f"{gone} ready again",
+                lambda: http("GET", c.url(gone) + "/readyz", token=None)[0] == 200,
+                10,
+            )
+            with Client(c.url(gone), timeout=30) as direct:
+                direct.publish(topic, b"through the node added back")
+    finally:
+        c.close()
+
+
+def test_force_new_cluster_recovers_a_lost_majority_with_the_committed_data(
+    tmp_path: Path,
+) -> None:
+    c = Cluster(tmp_path, 3).start()
+    try:
+        leader = c.wait_leader()
+        survivor = next(n for n in c.nodes if n != leader)
+        topic = f"t-{uuid.uuid4().hex[:8]}"
+        with Client([c.url(n) for n in c.nodes], timeout=30) as cl:
+            cl.create_topic(topic)
+            for i in range(3):
+                cl.publish(topic, b"m%d" % i)
+        # Committed by a majority; the survivor must hold it too (Raft keeps it on a majority
+        # only, and this one may have been outside it).
+        commit = c.status(leader)["commit_index"]
+        wait_for(f"{survivor} to apply", lambda: c.status(survivor)["applied_index"] >= commit, 10)
+        for nid in c.nodes:  # two of three lost for good; the survivor restarts
+            c.kill(nid)
+
+        def leads_alone() -> bool:
+            st = c.status(survivor)
+            return st["leader"] == survivor and sorted(st["members"]) == [survivor]
+
+        c.extra_args = ["--force-new-cluster"]
+        c.start_node(survivor)
+        c.extra_args = []
+        wait_for(f"{survivor} to lead alone", leads_alone, 15)
+        with Client(c.url(survivor), timeout=30) as cl:
+            assert cl.topic(topic)["messages"] == 3
+            cl.publish(topic, b"after the recovery")
+        assert "FORCED NEW CLUSTER" in c.tail(survivor, 200)
+        # The new membership is kept (in a snapshot): a restart without the flag leads alone too.
+        snapshot = c.nodes[survivor].data_dir / "data" / "snapshot.bin"
+        wait_for("the snapshot that keeps the membership", snapshot.exists, 15)
+        assert c.stop_node(survivor) == 0
+        c.start_node(survivor)
+        wait_for(f"{survivor} to lead alone again", leads_alone, 15)
+        with Client(c.url(survivor), timeout=30) as cl:
+            assert cl.topic(topic)["messages"] == 4
     finally:
         c.close()

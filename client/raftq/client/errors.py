@@ -179,6 +179,7 @@ BY_CODE.update(
         "no_leader": Unavailable,
         "overloaded": Unavailable,
         "shutting_down": Unavailable,
+        "removed_from_cluster": Unavailable,  # (another node serves)
         "outcome_unknown": UnknownOutcome,
         "malformed_body": InvalidArgument,
         "unknown_field": InvalidArgument,

@@ -125,6 +125,14 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="fsync the journal before acknowledging [RAFTQ_FSYNC]",
     )
     p.add_argument(
+        "--force-new-cluster",
+        action="store_true",
+        default=_truthy(_env("FORCE_NEW_CLUSTER")),
+        help="recovery when a majority is lost for good: commit this node's journal and make it"
+        " the only member, then add the others back (README: recovering a lost majority)"
+        " [RAFTQ_FORCE_NEW_CLUSTER]",
+    )
+    p.add_argument(
         "--max-body",
         type=int,
         default=_env("MAX_BODY", str(8 << 20)),  # (argparse converts, and reports errors)
@@ -240,6 +248,7 @@ def _run_node(args: argparse.Namespace) -> int:
         tls_key=args.tls_key or None,
         tls_client_ca=args.tls_client_ca or None,
         tls_ca=args.tls_ca or None,
+        force_new_cluster=args.force_new_cluster,
     )
     return asyncio.run(serve(opts))
 

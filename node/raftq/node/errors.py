@@ -42,8 +42,9 @@ STATUS_BY_CODE: dict[str, int] = {
     "upgrade_required": 426,  # a plain GET of a WebSocket endpoint
     "tls_required": 400,  # plain HTTP on a TLS port (answered by raftq.node.httpsite)
     "client_certificate_required": 401,  # TLS without the client certificate the node requires
-    "membership_refused": 409,  # not a member to remove, already one, or a change in progress
+    "membership_refused": 409,  # unsafe now (names the rule), not a member, or already one
     "no_leader": 503,
+    "removed_from_cluster": 503,  # this node was removed: use another
     "overloaded": 503,
     "shutting_down": 503,
     "outcome_unknown": 504,

@@ -11,7 +11,6 @@ from aiohttp import web
 
 from raftq.node import commands, httpio
 from raftq.node.auth import AUTHENTICATED, CLUSTER, OBSERVE, PUBLIC, Permission
-from raftq.node.errors import ApiError
 from raftq.node.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from raftq.node.proxy import Forwarder
 from raftq.node.routes import LOCAL, Query, Route, principal, query
@@ -26,17 +25,9 @@ def _peers(request: web.Request) -> Forwarder:
 
 
 async def add_member(svc: BrokerService, request: web.Request) -> web.StreamResponse:
-    """Dynamic membership: start the new node with every member as a peer, then add it."""
+    """Dynamic membership: start the new node with every member as a peer, then add it. The
+    leader checks the change is safe (``raftq.cluster.raft._membership``): 409 otherwise."""
     node_id, raft, api = commands.member(await httpio.read_body(request))
-    if not await _peers(request).probe(api, timeout=2.0):
-        # A member that is not running counts toward the majority all the same: in a
-        # cluster of three, adding it and then losing one node stops all writes.
-        raise ApiError(
-            "membership_refused",
-            f"{node_id} does not answer at {svc.settings.url(api)}/healthz; start it first"
-            " (with every member as a peer), then add it",
-            {"api": api},
-        )
     await svc.membership(svc.raft.add_member(node_id, raft, api))
     return httpio.respond(request, {"added": node_id, "members": _member_ids(svc)})
 

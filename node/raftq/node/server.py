@@ -64,6 +64,7 @@ class NodeOptions:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     tls_ca: str | None = None
+    force_new_cluster: bool = False  # recovery: this node alone, its journal committed
 
 
 def split_hostport(value: str, what: str) -> tuple[str, int]:
@@ -102,6 +103,7 @@ def make_raft(opts: NodeOptions) -> Raft:
         secret=opts.secret,
         insecure=opts.insecure,
         fsync=opts.fsync,
+        force_new_cluster=opts.force_new_cluster,
     )
     node: Raft = RaftNode(cfg)
     return node

@@ -192,6 +192,11 @@ class BrokerService:
         """The leader, when another node leads: the one rule every transport follows to reach
         it (forward, redirect); ``ApiError`` no_leader when none is known."""
         st = self.raft.status()
+        if getattr(st, "removed", False):
+            raise ApiError(
+                "removed_from_cluster",
+                f"node {st.node_id} was removed from the cluster: use another node",
+            )
         if not st.leader_api or st.leader_id == st.node_id:
             raise ApiError(
                 "no_leader",
@@ -453,7 +458,7 @@ class BrokerService:
 
     def readiness(self) -> dict[str, Any]:
         """``ready``: a leader is known, this node applied what the leader had committed
-        (once since start), and it is not draining."""
+        (once since start), it is not draining and it was not removed from the cluster."""
         st = self.raft.status()
         if not self._caught_up and st.leader_id:
             # Once since start: applied what the leader had committed (a restarted follower's
@@ -462,11 +467,13 @@ class BrokerService:
             target = st.commit_index if st.leader_commit is None else st.leader_commit
             self._caught_up = st.applied_index >= target
         draining = self.draining.is_set()
+        removed = bool(getattr(st, "removed", False))
         return {
-            "ready": bool(st.leader_id) and self._caught_up and not draining,
+            "ready": bool(st.leader_id) and self._caught_up and not draining and not removed,
             "leader": st.leader_id,
             "caught_up": self._caught_up,
             "draining": draining,
+            "removed": removed,
         }
 
     # ------------------------------------------------------------------ lifecycle
