@@ -11,6 +11,7 @@ import threading
 import uuid
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import pytest
 
@@ -120,6 +121,26 @@ class FakePeer:
         self.server.server_close()
 
 
+def raft_admin(addr: str, secret: str, command: list[str]) -> object:
+    """pysyncobj's admin ("utility") message sent to a Raft port, sealed with ``secret``: the
+    node's answer."""
+    sealer = _Sealer(secret)
+    host, _, port = addr.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+
+        def receive() -> Any:
+            head = sock.recv(_SIZE.size, socket.MSG_WAITALL)
+            return open_frame(sealer, sock.recv(_SIZE.unpack(head)[0], socket.MSG_WAITALL))
+
+        ours = os.urandom(32)
+        sock.sendall(seal_frame(sealer, ours))
+        echoed, theirs = receive()
+        assert echoed == ours
+        sock.sendall(seal_frame(sealer, (theirs, command)))
+        echoed, answer = receive()
+        return answer
+
+
 def test_changes_the_live_members_could_not_survive_are_refused_and_change_nothing(
     tmp_path: Path,
 ) -> None:
@@ -140,6 +161,13 @@ def test_changes_the_live_members_could_not_survive_are_refused_and_change_nothi
                 assert info.value.server_code == "membership_refused"
                 unchanged()
 
+            # pysyncobj's own admin messages on the Raft port bypass no check: refused.
+            leader = c.wait_leader()
+            for command in (["add", "127.0.0.1:1"], ["remove", c.nodes["n3"].raft]):
+                answer = raft_admin(c.nodes[leader].raft, c.secret, command)
+                assert str(answer).startswith("FAIL"), answer
+                unchanged()
+
             # Nothing on that Raft port; a port that does not know the cluster secret.
             nowhere = f"127.0.0.1:{free_ports(1)[0]}"
             refused("does not answer on its Raft port", cl.add_member, "n4", nowhere, nowhere)
@@ -157,7 +185,6 @@ def test_changes_the_live_members_could_not_survive_are_refused_and_change_nothi
 
             # A follower down: two of three live. Removing the other follower (two members, one
             # live) or adding a fourth (majority three) would leave no majority.
-            leader = c.wait_leader()
             down, other_follower = (n for n in members if n != leader)
             c.kill(down)
             wait_for(

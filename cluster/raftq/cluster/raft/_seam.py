@@ -594,9 +594,10 @@ class Raft:
 
         transport.setOnNodeConnectedCallback(on_connected)
         transport.setOnNodeDisconnectedCallback(on_disconnected)
-        # Membership changes go through RaftNode's checks only, not pysyncobj's admin messages.
-        transport.setOnUtilityMessageCallback("add", None)
-        transport.setOnUtilityMessageCallback("remove", None)
+        # Membership changes go through RaftNode's checks only: pysyncobj's admin messages that
+        # would add or remove a member are answered FAIL (unregistered, one would crash the tick).
+        for command in ("add", "remove"):
+            transport.setOnUtilityMessageCallback(command, _denied)
         self.started = True
 
     # ------------------------------------------------------------------ set-up
@@ -861,6 +862,10 @@ class Raft:
             if not getattr(conn, "_raftq_bounded", False):
                 conn._raftq_bounded = True
                 conn._TcpConnection__tryReadBuffer = functools.partial(_read_once, conn, self._view)
+
+
+def _denied(args: Any, callback: Callable[[Any, Any], None]) -> None:
+    callback(None, FAIL_REASON.REQUEST_DENIED)
 
 
 def _unstarted(*args: Any) -> Any:
