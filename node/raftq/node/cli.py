@@ -129,8 +129,8 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         default=_truthy(_env("FORCE_NEW_CLUSTER")),
         help="recovery when a majority is lost for good: commit this node's journal and make it"
-        " the only member, then add the others back (README: recovering a lost majority)"
-        " [RAFTQ_FORCE_NEW_CLUSTER]",
+        " the only member (for one start only: every start with it does so again), then add"
+        " the others back (README: recovering a lost majority) [RAFTQ_FORCE_NEW_CLUSTER]",
     )
     p.add_argument(
         "--max-body",
