@@ -93,9 +93,11 @@ async def probe(addr: str, sealer: _Sealer | None, timeout: float = PROBE_TIMEOU
     accepts a connection.)"""
     host, _, port = addr.rpartition(":")
     key = os.urandom(32)
+    connected = False
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            connected = True
             try:
                 if sealer is None:
                     return None
@@ -111,10 +113,10 @@ async def probe(addr: str, sealer: _Sealer | None, timeout: float = PROBE_TIMEOU
                     await writer.wait_closed()
     except TimeoutError:
         return f"no answer within {timeout:g} s"
-    except asyncio.IncompleteReadError:
+    except (OSError, asyncio.IncompleteReadError) as e:
+        if not connected:
+            return f"cannot connect ({getattr(e, 'strerror', None) or e})"
         return "it closed the connection (another cluster secret, or not a raftq node)"
-    except OSError as e:
-        return f"cannot connect ({e.strerror or e})"
     except Exception:  # (InvalidTag, or not a frame of ours)
         return "its answer is not sealed with this cluster's secret"
     if not (isinstance(reply, tuple) and len(reply) == 2 and reply[0] == key):
