@@ -519,6 +519,7 @@ class RaftNode:
         notified = False
         try:
             if op == "rem":
+                notified = True  # (until we know: a notice may be out)
                 try:
                     notified, why = await self._on_tick_thread(
                         lambda cb: members.notify(node, cb), NOTICE_WAIT
@@ -540,8 +541,11 @@ class RaftNode:
 
             try:
                 _, err = await self._on_tick_thread(change, timeout)
+            except asyncio.CancelledError:
+                notified = False  # (it may happen all the same)
+                raise
             except TimeoutError:
-                notified = False  # (it may have happened)
+                notified = False
                 raise UnknownOutcome(
                     f"membership change {op} {node.id} not committed in time"
                 ) from None
