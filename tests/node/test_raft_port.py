@@ -5,14 +5,19 @@ node with the wrong secret says so (real processes)."""
 from __future__ import annotations
 
 import contextlib
+import os
+import pickle
 import re
 import socket
 import struct
+import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from raftq.cluster.raft._wire import _Sealer
 from tests.node.cluster_fixture import Cluster, http, wait_for
 
 pytestmark = pytest.mark.slow
@@ -61,15 +66,19 @@ def rss_kib(c: Cluster) -> int:
 
 
 def closed_by_peer(s: socket.socket, timeout: float) -> bool:
-    """True once the peer closed ``s`` (EOF or reset) within ``timeout``; False if it stays
-    open (it never sends anything to a stranger)."""
-    s.settimeout(timeout)
+    """True once the peer closed ``s`` (EOF or reset) within ``timeout`` (what it sent before
+    is read and dropped); False if it stays open."""
+    deadline = time.monotonic() + timeout
     try:
-        return s.recv(1) == b""
+        while (left := deadline - time.monotonic()) > 0:
+            s.settimeout(left)
+            if s.recv(1 << 16) == b"":
+                return True
     except (ConnectionResetError, BrokenPipeError):
         return True
     except TimeoutError:
-        return False
+        pass
+    return False
 
 
 def test_a_huge_frame_before_authentication_is_refused_with_bounded_memory(
@@ -108,6 +117,31 @@ def test_connections_beyond_the_cap_are_refused(single: Cluster) -> None:
     finally:
         for s in held:
             s.close()
+
+
+def sealed_frame(secret: str, message: object) -> bytes:
+    """A frame as a member sends it (pysyncobj's framing, raftq's seal)."""
+    data = _Sealer(secret).encrypt_at_time(zlib.compress(pickle.dumps(message)), 1)
+    return struct.pack("i", len(data)) + data
+
+
+def test_junk_and_replayed_frames_are_logged_and_closed(single: Cluster) -> None:
+    rejected = stat(single, "messages_rejected")
+    with socket.create_connection(raft_addr(single), timeout=10) as s:
+        s.sendall(struct.pack("i", 64) + bytes(64))  # well framed, but junk
+        assert closed_by_peer(s, 10)
+    # A recorded first message, replayed where the second belongs: it opens (it is genuine)
+    # but does not carry the key the node sent on this connection.
+    frame = sealed_frame(single.secret, os.urandom(32))
+    with socket.create_connection(raft_addr(single), timeout=10) as s:
+        s.sendall(frame)
+        s.recv(4)  # the node's answer begins: its key
+        s.sendall(frame)
+        assert closed_by_peer(s, 10)
+    assert stat(single, "messages_rejected") == rejected + 2
+    log = single.nodes["n1"].log.read_text()
+    assert "a message has an unknown seal" in log
+    assert "a message failed its checks (replayed" in log
 
 
 def test_a_node_with_the_wrong_secret_and_its_peer_both_log_it(tmp_path: Path) -> None:

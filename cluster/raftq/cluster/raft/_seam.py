@@ -464,8 +464,21 @@ class _Transport(TCPTransport):  # type: ignore[misc]
 
     def _onTick(self) -> None:
         super()._onTick()
+        cutoff = monotonic() - self.raftq_handshake_timeout
+        for conn in list(self._connections.values()):
+            # Ours, to a peer that accepted and never answered: pysyncobj's own timeout
+            # runs only on events, and a connection waiting for an answer has none.
+            if getattr(conn, "raftq_handshake", False) and conn.raftq_accepted < cutoff:
+                conn.raftq_handshake = False
+                self.raftq_stats["handshakes_timed_out"] += 1
+                conn.disconnect()  # (reconnected as usual)
+                self.raftq_log.warn(
+                    "handshake_timeout_out",
+                    "raft connection to %s: no answer to the handshake within %.1f s; closed",
+                    getattr(self._connToNode(conn), "id", "?"),
+                    self.raftq_handshake_timeout,
+                )
         if self._unknownConnections:
-            cutoff = monotonic() - self.raftq_handshake_timeout
             for conn in [
                 c for c in self._unknownConnections if getattr(c, "raftq_accepted", 0) < cutoff
             ]:
@@ -482,6 +495,7 @@ class _Transport(TCPTransport):  # type: ignore[misc]
 
     def _onOutgoingConnected(self, conn: Any) -> None:
         conn.raftq_handshake = bool(conn.encryptor)  # until the peer's sealed key arrives
+        conn.raftq_accepted = monotonic()
         super()._onOutgoingConnected(conn)
 
     def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:
@@ -628,7 +642,7 @@ def _disconnect(conn: Any, transport: _Transport, disconnect: Callable[[], None]
                 sealer.rejected = None
             transport.raftq_stats["messages_rejected"] += 1
             transport.raftq_log.warn(
-                "rejected",
+                why,  # (one of a few: rate-limited per reason)
                 "raft connection %s %s: a message %s; closed",
                 "from" if conn in transport.raftq_inbound else "to",
                 _peer(conn),
