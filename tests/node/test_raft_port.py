@@ -144,6 +144,33 @@ def test_junk_and_replayed_frames_are_logged_and_closed(single: Cluster) -> None
     assert "a message failed its checks (replayed" in log
 
 
+def read_frame(s: socket.socket, secret: str) -> object:
+    head = b""
+    while len(head) < 4:
+        head += s.recv(4 - len(head))
+    (size,) = struct.unpack("i", head)
+    data = b""
+    while len(data) < size:
+        data += s.recv(size - len(data))
+    return pickle.loads(zlib.decompress(_Sealer(secret).decrypt(data)))
+
+
+def test_after_authentication_frames_are_capped_at_the_largest_append(single: Cluster) -> None:
+    # A peer knowing the secret completes the handshake (as a read-only node, which pysyncobj
+    # lets in), then announces a frame over MAX_FRAME (16 MiB).
+    secret, ours = single.secret, os.urandom(32)
+    with socket.create_connection(raft_addr(single), timeout=10) as s:
+        s.sendall(sealed_frame(secret, ours))
+        echoed, theirs = read_frame(s, secret)  # type: ignore[misc]
+        assert echoed == ours
+        s.sendall(sealed_frame(secret, (theirs, "readonly")))
+        s.sendall(struct.pack("i", (16 << 20) + 1))
+        assert closed_by_peer(s, 10)
+    lines = single.nodes["n1"].log.read_text().splitlines()
+    refused = [line for line in lines if f"refused a frame of {(16 << 20) + 1} bytes" in line]
+    assert refused and "before authentication" not in refused[-1], refused
+
+
 def test_a_node_with_the_wrong_secret_and_its_peer_both_log_it(tmp_path: Path) -> None:
     c = Cluster(tmp_path, 2)
     try:

@@ -439,6 +439,7 @@ class _Transport(TCPTransport):  # type: ignore[misc]
         self.raftq_view = memoryview(bytearray(PRE_AUTH_FRAME))  # reads land here
         self.raftq_log = RateLimited(WARN_EVERY)
         self.raftq_inbound: set[Any] = set()  # inbound connections open (authenticated or not)
+        self.raftq_ticked = 0.0  # when _onTick last ran
         super().__init__(*args)
 
     def _createServer(self) -> None:
@@ -464,7 +465,11 @@ class _Transport(TCPTransport):  # type: ignore[misc]
 
     def _onTick(self) -> None:
         super()._onTick()
-        cutoff = monotonic() - self.raftq_handshake_timeout
+        now = monotonic()
+        gap, self.raftq_ticked = now - self.raftq_ticked, now
+        if gap > 1.0:  # this node was busy (a snapshot load): the poll after this reads first
+            return
+        cutoff = now - self.raftq_handshake_timeout
         for conn in list(self._connections.values()):
             # Ours, to a peer that accepted and never answered: pysyncobj's own timeout
             # runs only on events, and a connection waiting for an answer has none.
@@ -612,7 +617,8 @@ def _read_once(conn: Any, transport: _Transport) -> None:
                 transport.raftq_stats["frames_refused"] += 1
                 conn.disconnect()
                 transport.raftq_log.warn(
-                    "frame",
+                    "frame before authentication" if pre_auth else "frame",  # (a member's
+                    # refused frame is a different story: never hidden by strangers' ones)
                     "raft connection %s %s: refused a frame of %d bytes%s (the limit is %d);"
                     " closed",
                     "from" if inbound else "to",
