@@ -161,7 +161,9 @@ def test_after_authentication_frames_are_capped_at_the_largest_append(single: Cl
     secret, ours = single.secret, os.urandom(32)
     with socket.create_connection(raft_addr(single), timeout=10) as s:
         s.sendall(sealed_frame(secret, ours))
-        echoed, theirs = read_frame(s, secret)  # type: ignore[misc]
+        reply = read_frame(s, secret)
+        assert isinstance(reply, tuple)
+        echoed, theirs = reply
         assert echoed == ours
         s.sendall(sealed_frame(secret, (theirs, "readonly")))
         s.sendall(struct.pack("i", (16 << 20) + 1))

@@ -448,15 +448,14 @@ class _Transport(TCPTransport):  # type: ignore[misc]
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
         if len(self.raftq_inbound) >= self.raftq_max_connections:
-            peer = _peer(conn)
             self.raftq_stats["connections_refused"] += 1
-            conn.disconnect()  # (no callbacks set yet: just closed)
-            self.raftq_log.warn(
+            self.raftq_log.warn(  # (before closing: whoever sees the close finds the line)
                 "connections",
                 "raft port: refused a connection from %s: %d inbound connections open, the limit",
-                peer,
+                _peer(conn),
                 len(self.raftq_inbound),
             )
+            conn.disconnect()  # (no callbacks set yet: just closed)
             return
         super()._onNewIncomingConnection(conn)
         conn.raftq_accepted = monotonic()
@@ -476,27 +475,26 @@ class _Transport(TCPTransport):  # type: ignore[misc]
             if getattr(conn, "raftq_handshake", False) and conn.raftq_accepted < cutoff:
                 conn.raftq_handshake = False
                 self.raftq_stats["handshakes_timed_out"] += 1
-                conn.disconnect()  # (reconnected as usual)
                 self.raftq_log.warn(
                     "handshake_timeout_out",
                     "raft connection to %s: no answer to the handshake within %.1f s; closed",
                     getattr(self._connToNode(conn), "id", "?"),
                     self.raftq_handshake_timeout,
                 )
+                conn.disconnect()  # (reconnected as usual)
         if self._unknownConnections:
             for conn in [
                 c for c in self._unknownConnections if getattr(c, "raftq_accepted", 0) < cutoff
             ]:
-                peer = _peer(conn)
                 self.raftq_stats["handshakes_timed_out"] += 1
-                conn.disconnect()  # (-> _onDisconnected: forgotten)
-                self._unknownConnections.discard(conn)
                 self.raftq_log.warn(
                     "handshake_timeout",
                     "raft port: closed a connection from %s: not authenticated within %.1f s",
-                    peer,
+                    _peer(conn),
                     self.raftq_handshake_timeout,
                 )
+                conn.disconnect()  # (-> _onDisconnected: forgotten)
+                self._unknownConnections.discard(conn)
 
     def _onOutgoingConnected(self, conn: Any) -> None:
         conn.raftq_handshake = bool(conn.encryptor)  # until the peer's sealed key arrives
@@ -612,21 +610,19 @@ def _read_once(conn: Any, transport: _Transport) -> None:
         if len(buf) >= 4:
             (size,) = _LENGTH.unpack_from(buf)
             if not 0 <= size <= limit:
-                peer = _peer(conn)
-                inbound = conn in transport.raftq_inbound
                 transport.raftq_stats["frames_refused"] += 1
-                conn.disconnect()
                 transport.raftq_log.warn(
                     "frame before authentication" if pre_auth else "frame",  # (a member's
                     # refused frame is a different story: never hidden by strangers' ones)
                     "raft connection %s %s: refused a frame of %d bytes%s (the limit is %d);"
                     " closed",
-                    "from" if inbound else "to",
-                    peer,
+                    "from" if conn in transport.raftq_inbound else "to",
+                    _peer(conn),
                     size,
                     " before authentication" if pre_auth else "",
                     limit,
                 )
+                conn.disconnect()
                 return
     conn._TcpConnection__lastReadTime = monotonic()
 
