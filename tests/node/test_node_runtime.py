@@ -125,3 +125,37 @@ def unused_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def test_a_node_whose_raft_stopped_turns_unhealthy_and_exits_3(
+    unused_tcp_port: int,
+) -> None:
+    from raftq.cluster.storage import StorageError
+
+    raft = LocalRaft()
+    opts = NodeOptions(node_id="n1", listen=f"127.0.0.1:{unused_tcp_port}", raft="unused:1",
+                       admin_token=ADMIN_TOKEN, failed_exit_delay=1.0)  # fmt: skip
+    server = asyncio.ensure_future(serve(opts, lambda o: raft, asyncio.Event()))
+    url = f"http://127.0.0.1:{unused_tcp_port}"
+    async with aiohttp.ClientSession(headers=ADMIN) as s:
+        for _ in range(100):  # bounded: the server is up within a second or two
+            try:
+                async with s.get(url + "/readyz") as r:
+                    if r.status == 200:
+                        break
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.05)
+        raft.fail(StorageError("journal.log: [Errno 28] No space left on device"))
+        for path in ("/healthz", "/readyz"):
+            async with s.get(url + path) as r:
+                assert r.status == 503, path
+                assert "No space left" in (await r.json())["raft_error"]
+        async with s.get(url + "/cluster") as r:
+            body = await r.json()
+            assert (body["role"], body["running"]) == ("stopped", False)
+            assert "No space left" in body["error"]
+        async with s.get(url + "/metrics") as r:
+            text = await r.text()
+            assert "raftq_raft_running 0.0" in text and "raftq_raft_stopped{" in text
+        code = await asyncio.wait_for(server, 20)  # no signal: it exits on its own
+    assert code == 3 and raft.stopped

@@ -26,7 +26,7 @@ from raftq.cluster.raft import (
 )
 from raftq.cluster.raft._proposals import _LOGGED, _Pending
 from raftq.cluster.raft._ticks import _Wait
-from raftq.cluster.raft._tuning import ELECTION_MAX
+from raftq.cluster.raft._tuning import ELECTION_MAX, MAX_ENTRY_BYTES
 from raftq.cluster.storage import DiskFile, OsDisk
 from tests.raft.harness import free_ports
 from tests.raft.simdisk import FileWrapper
@@ -222,6 +222,35 @@ async def test_lagging_follower_catches_up_from_a_snapshot(three: Nodes) -> None
     node = three.start(lagging)
     assert node.read(lambda b: b.topic_stats("t")["messages"]) >= 50
     await until("catch-up", lambda: node.read(lambda b: b.topic_stats("t")["messages"]) == 120)
+
+
+async def test_a_follower_catches_up_through_appends_of_the_largest_entries(
+    tmp_path: Path,
+) -> None:
+    # pysyncobj batches entries up to APPEND_BATCH_BYTES, plus one: the largest frames a member
+    # sends, which the receiving port must take (MAX_FRAME).
+    ns = Nodes(tmp_path, 3)
+    try:
+        for nid in ns.addrs:
+            ns.start(nid)
+        leader = await ns.leader()
+        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        lagging = next(k for k, n in ns.nodes.items() if n is not leader)
+        await ns.stop(lagging)
+        big = b"x" * ((MAX_ENTRY_BYTES >> 2) - (16 << 10))  # four per entry: just under the max
+        for _ in range(6):
+            results = await leader.propose([pub("t", big) for _ in range(4)])
+            assert all("error" not in r for r in results), results
+        node = ns.start(lagging)
+        await until(
+            "catch-up",
+            lambda: node.status().applied_index >= leader.status().applied_index,
+            30,
+        )
+        assert node.read(lambda b: b.digest()) == leader.read(lambda b: b.digest())
+        assert node.stats["frames_refused"] == 0
+    finally:
+        await ns.close()
 
 
 async def test_leadership_transfer_hands_over_to_a_follower(three: Nodes) -> None:

@@ -133,6 +133,20 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " the others back (README: recovering a lost majority) [RAFTQ_FORCE_NEW_CLUSTER]",
     )
     p.add_argument(
+        "--raft-max-connections",
+        type=int,
+        default=_env("RAFT_MAX_CONNECTIONS", "64"),
+        help="inbound Raft connections open at once; more are closed at accept"
+        " [RAFTQ_RAFT_MAX_CONNECTIONS] (default 64)",
+    )
+    p.add_argument(
+        "--raft-handshake-timeout",
+        type=float,
+        default=_env("RAFT_HANDSHAKE_TIMEOUT", "5"),
+        help="seconds for an inbound Raft connection to prove the cluster secret, or it is"
+        " closed [RAFTQ_RAFT_HANDSHAKE_TIMEOUT] (default 5)",
+    )
+    p.add_argument(
         "--max-body",
         type=int,
         default=_env("MAX_BODY", str(8 << 20)),  # (argparse converts, and reports errors)
@@ -208,6 +222,8 @@ def _run_node(args: argparse.Namespace) -> int:
         ("--max-inflight", args.max_inflight, 1),
         ("--batch-linger-ms", args.batch_linger_ms, 0),
         ("--shutdown-timeout", args.shutdown_timeout, 1),
+        ("--raft-max-connections", args.raft_max_connections, 1),
+        ("--raft-handshake-timeout", args.raft_handshake_timeout, 0.01),
     ):
         if not lo <= value < float("inf"):
             parser.error(f"{flag} must be at least {lo}, not {value}")
@@ -240,6 +256,8 @@ def _run_node(args: argparse.Namespace) -> int:
         admin_token=admin_token or None,
         auth_observe=args.auth_observe,
         fsync=args.fsync,
+        raft_max_connections=args.raft_max_connections,
+        raft_handshake_timeout=args.raft_handshake_timeout,
         max_body=args.max_body,
         shutdown_timeout=args.shutdown_timeout,
         max_inflight=max(1, args.max_inflight),

@@ -45,6 +45,8 @@ class LocalRaft:
         self._faults: list[BaseException] = []
         self.transferred = False
         self.stopped = False
+        self.error: BaseException | None = None  # set by fail(): Raft stopped on a failure
+        self._stop_listeners: list[Callable[[BaseException], None]] = []
 
     # test controls
     def set_follower(self, leader_id: str | None, leader_api: str | None) -> None:
@@ -56,6 +58,12 @@ class LocalRaft:
     def fail_next(self, exc: BaseException) -> None:
         self._faults.append(exc)
 
+    def fail(self, err: BaseException) -> None:
+        """Stop as the real binding does on a storage failure (on the loop's thread)."""
+        self.error = err
+        for cb in self._stop_listeners:
+            cb(err)
+
     # the RaftNode interface
     def start(self) -> None:
         pass
@@ -63,6 +71,8 @@ class LocalRaft:
     async def propose(
         self, commands: list[dict[str, Any]], timeout: float = 5.0
     ) -> list[dict[str, Any]]:
+        if self.error is not None:
+            raise RaftError(f"raft node stopped: {self.error}")
         if not self.is_leader():
             raise NotLeader("not the leader", self.leader_id, self.leader_api)
         if self._faults:
@@ -94,6 +104,8 @@ class LocalRaft:
 
     def status(self) -> RaftStatus:
         role = "leader" if self.is_leader() else "follower"
+        if self.error is not None:
+            role = "stopped"
         return RaftStatus(
             node_id=self.node_id,
             role=role,
@@ -110,15 +122,20 @@ class LocalRaft:
                     "self": True,
                 }
             },
+            running=self.error is None and not self.stopped,
+            error=None if self.error is None else str(self.error),
         )
 
     def is_leader(self) -> bool:
-        return self.leader_id == self.node_id
+        return self.leader_id == self.node_id and self.error is None
 
     def add_apply_listener(
         self, cb: Callable[[], None], wanted: Callable[[], bool] | None = None
     ) -> None:
         self._listeners.append((cb, wanted))  # on the loop right after each entry applies
+
+    def add_stop_listener(self, cb: Callable[[BaseException], None]) -> None:
+        self._stop_listeners.append(cb)
 
     async def add_member(
         self, node_id: str, raft_addr: str, api_addr: str, timeout: float = 10.0

@@ -53,9 +53,16 @@ class BrokerCollector(Collector):
             ("raftq_raft_commit_index", st.commit_index, "Raft commit index"),
             ("raftq_raft_applied_index", st.applied_index, "last applied Raft index"),
             ("raftq_raft_is_leader", int(st.role == "leader"), "1 when this node leads"),
+            ("raftq_raft_running", int(st.error is None), "0 once Raft stopped on a failure"),
         ):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
+            yield g
+        if st.error is not None:  # why (the process exits soon; /cluster says it too)
+            g = GaugeMetricFamily(
+                "raftq_raft_stopped", "1: Raft stopped on this failure", labels=["error"]
+            )
+            g.add_metric([st.error[:200]], 1)
             yield g
         # The binding's own counters (RaftNode.stats: fsyncs, time in fsync, longest tick,
         # snapshots), when it has them: where time goes under load.

@@ -149,6 +149,8 @@ SCHEMAS: dict[str, Any] = {
             "commit_index": I,
             "applied_index": I,
             "members": ANY,
+            "running": B,
+            "error": {"type": "string", "description": "why Raft stopped (role: stopped)"},
         }
     ),
     "Grant": _obj(

@@ -65,7 +65,10 @@ async def cluster(svc: BrokerService, request: web.Request) -> web.StreamRespons
         "commit_index": st.commit_index,
         "applied_index": st.applied_index,
         "members": members,
+        "running": st.running,
     }
+    if st.error is not None:
+        body["error"] = st.error  # why Raft stopped (role "stopped"; the process exits soon)
     if query(request)["digest"]:
         principal(request).require(CLUSTER)  # (O(state) under the apply lock: operators only)
         # Fingerprint of this replica's state (O(state): for checks, not for polling).
@@ -74,6 +77,10 @@ async def cluster(svc: BrokerService, request: web.Request) -> web.StreamRespons
 
 
 async def healthz(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    error = svc.raft.status().error
+    if error is not None:  # Raft stopped on a failure: restart the process
+        body = {"ok": False, "node": svc.settings.node_id, "raft_error": error}
+        return httpio.respond(request, body, 503)
     return httpio.respond(request, {"ok": True, "node": svc.settings.node_id})
 
 
@@ -100,8 +107,8 @@ ROUTES = [
           body="AddMember", perm=Permission(CLUSTER)),
     Route("DELETE", "/cluster/members/{node}", remove_member, "Remove a member", body="Empty",
           params={"node": "the member's id"}, perm=Permission(CLUSTER)),
-    Route("GET", "/healthz", healthz, "Process is alive", where=LOCAL, strict_query=False,
-          perm=Permission(PUBLIC)),
+    Route("GET", "/healthz", healthz, "Process is alive and its Raft running (503 otherwise)",
+          where=LOCAL, strict_query=False, ok=(200, 503), perm=Permission(PUBLIC)),
     Route("GET", "/readyz", readyz, "Has a leader and is caught up (503 otherwise)",
           where=LOCAL, strict_query=False, ok=(200, 503), perm=Permission(PUBLIC)),
     Route("GET", "/metrics", metrics, "Prometheus metrics (text format)", where=LOCAL,

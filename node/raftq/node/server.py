@@ -5,6 +5,11 @@ On SIGTERM / SIGINT, within ``shutdown_timeout`` seconds: stop accepting connect
 waiting long polls at once (empty); let in-flight requests finish; release the deliveries of
 consumers still held by open connections (streams); hand leadership to another member if this
 node leads; flush and stop Raft; return exit code 0.
+
+If Raft stops on a failure (its storage failed: a full disk), the node cannot replicate again in
+this process: ``/healthz`` and ``/readyz`` answer 503 with the cause (so do ``/cluster`` and
+``/metrics``) for ``failed_exit_delay`` seconds, then it shuts down as above and returns
+``EXIT_RAFT_STOPPED`` (3), for a supervisor to restart it once the cause is gone.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ log = logging.getLogger("raftq.node")
 DRAIN_S = 6.0  # NodeSettings.propose_timeout + 1
 TRANSFER_S = 3.0
 RAFT_STOP_S = 2.0
+EXIT_RAFT_STOPPED = 3  # the process's exit code when Raft stopped on a failure
 
 
 def handler_grace(total: float) -> float:
@@ -53,8 +59,11 @@ class NodeOptions:
     admin_token: str | None = field(default=None, repr=False)
     auth_observe: bool = False
     fsync: str = "always"
+    raft_max_connections: int = 64  # inbound Raft connections open at once
+    raft_handshake_timeout: float = 5.0  # seconds for one to authenticate, or it is closed
     max_body: int = 8 << 20
     shutdown_timeout: float = 15.0
+    failed_exit_delay: float = 5.0  # Raft stopped on a failure: say why this long, then exit 3
     max_inflight: int = 4
     batch_linger: float = 0.001
     # HTTPS (raftq.node.tlsutil): the API's certificate and key; client certificates required
@@ -104,6 +113,8 @@ def make_raft(opts: NodeOptions) -> Raft:
         insecure=opts.insecure,
         fsync=opts.fsync,
         force_new_cluster=opts.force_new_cluster,
+        max_connections=opts.raft_max_connections,
+        handshake_timeout=opts.raft_handshake_timeout,
     )
     node: Raft = RaftNode(cfg)
     return node
@@ -187,6 +198,23 @@ async def serve(
         )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    failed: list[BaseException] = []
+
+    def on_raft_stop(err: BaseException) -> None:
+        if not failed:
+            failed.append(err)
+            log.critical(
+                "node %s: Raft stopped (%s): unhealthy; exiting with code %d in %.0f s",
+                opts.node_id,
+                err,
+                EXIT_RAFT_STOPPED,
+                opts.failed_exit_delay,
+            )
+            loop.call_later(opts.failed_exit_delay, stop.set)
+
+    raft.add_stop_listener(on_raft_stop)
+    if (error := raft.status().error) is not None:  # stopped before the listener was in
+        on_raft_stop(RuntimeError(error))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if tls is not None:
@@ -194,6 +222,9 @@ async def serve(
     await stop.wait()
     log.info("node %s: shutting down", opts.node_id)
     code = 0 if await _shutdown(runner, raft, opts.shutdown_timeout) else 1
+    if failed:
+        code = EXIT_RAFT_STOPPED
+        log.critical("node %s: exit code %d: Raft had stopped: %s", opts.node_id, code, failed[0])
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.remove_signal_handler(sig)
     log.info("node %s: stopped", opts.node_id)

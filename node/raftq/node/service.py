@@ -458,8 +458,18 @@ class BrokerService:
 
     def readiness(self) -> dict[str, Any]:
         """``ready``: a leader is known, this node applied what the leader had committed
-        (once since start), it is not draining and it was not removed from the cluster."""
+        (once since start), it is not draining and it was not removed from the cluster; never
+        once its Raft stopped on a failure (``raft_error``: it will not replicate again in this
+        process)."""
         st = self.raft.status()
+        if st.error is not None:
+            return {
+                "ready": False,
+                "leader": None,
+                "caught_up": False,
+                "draining": self.draining.is_set(),
+                "raft_error": st.error,
+            }
         if not self._caught_up and st.leader_id:
             # Once since start: applied what the leader had committed (a restarted follower's
             # own commit index is capped at its log, so it cannot tell on its own). Not checked

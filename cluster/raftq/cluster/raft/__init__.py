@@ -35,6 +35,11 @@ What it changes in pysyncobj's behaviour:
   fit the socket buffer re-arms write interest so it is flushed as soon as the socket is
   writable; one recv per poll event (pysyncobj's read loop is quadratic in a burst); snapshot
   chunks are answered so long transfers do not time out; a failed bind closes its socket;
+* port (``_Transport``): inbound connections capped, an unauthenticated one closed after the
+  handshake timeout, frame lengths capped (4 KiB before authentication, ``MAX_FRAME`` after)
+  as soon as they are read (pysyncobj buffered any length it was told), and refused
+  connections and frames, messages that fail to open and handshakes the peer cut short logged
+  (rate-limited) and counted in ``stats`` (pysyncobj dropped them without a word);
 * callbacks: proposals are tracked by (index, term) here, never by pysyncobj callbacks, so
   every one resolves (apply, superseded entry, snapshot install, stop or timeout);
 * sends: a new entry goes at once only to the followers a majority needs

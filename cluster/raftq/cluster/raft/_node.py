@@ -110,6 +110,7 @@ class RaftNode:
         self._fix_sends = fix_partial_sends
         self._lock = threading.Lock()  # apply vs reads
         self._fatal: BaseException | None = None
+        self._stop_listeners: list[tuple[Callable[[BaseException], None], Any]] = []
         self._stopping = False
         self._journal: Journal | None = None
         self._marks = CommitMarks(config.node_id)  # (opened by start)
@@ -194,6 +195,8 @@ class RaftNode:
                 compaction_entries=int(_jitter(snaps.compaction_entries)),
                 fix_sends=self._fix_sends,
                 stats=self.stats,
+                max_connections=cfg.max_connections,
+                handshake_timeout=cfg.handshake_timeout,
             )
         except Exception as e:
             journal._destroy()
@@ -287,6 +290,9 @@ class RaftNode:
         if self._fatal is None:
             log.critical("raft node %s stopped: %s", self.config.node_id, err, exc_info=cause)
             self._fatal = err
+            for cb, loop in self._stop_listeners:
+                with contextlib.suppress(RuntimeError):  # (its loop closed)
+                    loop.call_soon_threadsafe(cb, err)
 
     def _crash(self, where: str, e: Exception) -> None:
         """An unexpected exception in pysyncobj's code (or ours inside it): whatever it left
@@ -423,6 +429,11 @@ class RaftNode:
         it can miss its wake-up."""
         self._proposals.listeners.append((cb, asyncio.get_running_loop(), wanted))
 
+    def add_stop_listener(self, cb: Callable[[BaseException], None]) -> None:
+        """Run ``cb(error)`` on the calling event loop if the node stops on a failure (storage,
+        an unexpected error): it will not replicate again in this process."""
+        self._stop_listeners.append((cb, asyncio.get_running_loop()))
+
     def status(self) -> RaftStatus:
         cfg = self.config
         raft = self._raft
@@ -451,7 +462,8 @@ class RaftNode:
         running = self._fatal is None and not self._stopping and self._ticks.thread is not None
         return RaftStatus(
             node_id=cfg.node_id,
-            role=ROLES.get(raft.state, "follower"),
+            # (a stopped node neither follows nor leads, whatever pysyncobj last said)
+            role="stopped" if self._fatal is not None else ROLES.get(raft.state, "follower"),
             leader_id=lid,
             leader_api=lapi,
             term=raft.term,

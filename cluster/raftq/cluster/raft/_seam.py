@@ -33,12 +33,17 @@ from raftq.cluster.raft._tuning import (
     CONNECTION_TIMEOUT,
     ELECTION_MAX,
     ELECTION_MIN,
+    HANDSHAKE_TIMEOUT,
     LEADER_FALLBACK,
+    MAX_CONNECTIONS,
+    MAX_FRAME,
     PICKLE_PROTOCOL,
+    PRE_AUTH_FRAME,
     RECONNECT,
     TICK,
+    WARN_EVERY,
 )
-from raftq.cluster.raft._wire import _Sealer, _stored_zlib
+from raftq.cluster.raft._wire import RateLimited, _Sealer, _stored_zlib
 
 # Must match the pin in pyproject.toml (tests/raft/test_seam.py checks that it does).
 PINNED = "0.3.17"
@@ -76,8 +81,19 @@ OVERRIDDEN: dict[str, tuple[str, ...]] = {
         "_SyncObj__connectedToAnyone",  # the pre-vote gate
         "_checkCommandsToApply",  # raftq's proposals appended, completions delivered
     ),
-    _TRANSPORT: ("_createServer", "send"),  # (send: per instance)
-    _CONNECTION: ("_TcpConnection__tryReadBuffer",),  # per instance: one recv per event
+    _TRANSPORT: (
+        "_createServer",
+        "send",  # (per instance)
+        "_onNewIncomingConnection",  # the connection cap; each connection guarded at once
+        "_onTick",  # unauthenticated connections timed out
+        "_onDisconnected",  # a handshake the peer cut short is logged
+        "_onOutgoingConnected",
+        "_onOutgoingMessageReceived",
+    ),
+    _CONNECTION: (  # per instance (see _Transport.raftq_guard)
+        "_TcpConnection__tryReadBuffer",  # one recv per event, frame sizes capped
+        "disconnect",  # a message that failed to open is logged
+    ),
     _SERVER: ("bind",),  # per instance: close the socket of a failed bind
 }
 
@@ -163,6 +179,7 @@ CALLED: dict[str, tuple[str, ...]] = {
         "_getFuncName",
         "_doDestroy",
     ),
+    _TRANSPORT: ("_connToNode",),
     _CONNECTION: ("_TcpConnection__trySendBuffer",),
 }
 
@@ -403,11 +420,139 @@ class _Binding(SyncObj):  # type: ignore[misc]
 
 class _Transport(TCPTransport):  # type: ignore[misc]
     """pysyncobj's TCP transport, whose server closes the socket of a failed bind attempt
-    (pysyncobj retries the bind, from its constructor on, and left each failed socket open)."""
+    (pysyncobj retries the bind, from its constructor on, and left each failed socket open),
+    with its port guarded: pysyncobj took any number of connections, kept a silent one forever
+    and buffered whatever frame length it was told, before any authentication.
+
+    * at most ``raftq_max_connections`` inbound connections at once: more are closed at accept;
+    * an inbound connection not authenticated (the sealed handshake, then a member's address)
+      within ``raftq_handshake_timeout`` of its accept is closed;
+    * frames: at most PRE_AUTH_FRAME bytes until a connection is authenticated, MAX_FRAME after
+      (``_read_once``); a longer one closes the connection once its length is read;
+    * a message that fails to open (wrong secret, replayed, junk) and a handshake the peer cut
+      short are logged (``RateLimited``) and counted in the node's stats, as are the above."""
+
+    def __init__(self, *args: Any) -> None:
+        # (before pysyncobj's constructor, which binds; Raft.start sets the real values)
+        self.raftq_max_connections = MAX_CONNECTIONS
+        self.raftq_handshake_timeout = HANDSHAKE_TIMEOUT
+        self.raftq_stats: dict[str, int] = dict.fromkeys(GUARD_STATS, 0)
+        self.raftq_view = memoryview(bytearray(PRE_AUTH_FRAME))  # reads land here
+        self.raftq_log = RateLimited(WARN_EVERY)
+        self.raftq_inbound: set[Any] = set()  # inbound connections open (authenticated or not)
+        self.raftq_ticked = 0.0  # when _onTick last ran
+        super().__init__(*args)
 
     def _createServer(self) -> None:
         super()._createServer()
         _close_socket_on_failed_bind(self._server)
+
+    def _onNewIncomingConnection(self, conn: Any) -> None:
+        if len(self.raftq_inbound) >= self.raftq_max_connections:
+            self.raftq_stats["connections_refused"] += 1
+            self.raftq_log.warn(  # (before closing: whoever sees the close finds the line)
+                "connections",
+                "raft port: refused a connection from %s: %d inbound connections open, the limit",
+                _peer(conn),
+                len(self.raftq_inbound),
+            )
+            conn.disconnect()  # (no callbacks set yet: just closed)
+            return
+        super()._onNewIncomingConnection(conn)
+        conn.raftq_accepted = monotonic()
+        self.raftq_inbound.add(conn)
+        self.raftq_guard(conn)
+
+    def _onTick(self) -> None:
+        super()._onTick()
+        now = monotonic()
+        gap, self.raftq_ticked = now - self.raftq_ticked, now
+        if gap > 1.0:  # this node was busy (a snapshot load): the poll after this reads first
+            return
+        cutoff = now - self.raftq_handshake_timeout
+        for conn in list(self._connections.values()):
+            # Ours, to a peer that accepted and never answered: pysyncobj's own timeout
+            # runs only on events, and a connection waiting for an answer has none.
+            if getattr(conn, "raftq_handshake", False) and conn.raftq_accepted < cutoff:
+                conn.raftq_handshake = False
+                self.raftq_stats["handshakes_timed_out"] += 1
+                self.raftq_log.warn(
+                    "handshake_timeout_out",
+                    "raft connection to %s: no answer to the handshake within %.1f s; closed",
+                    getattr(self._connToNode(conn), "id", "?"),
+                    self.raftq_handshake_timeout,
+                )
+                conn.disconnect()  # (reconnected as usual)
+        if self._unknownConnections:
+            for conn in [
+                c for c in self._unknownConnections if getattr(c, "raftq_accepted", 0) < cutoff
+            ]:
+                self.raftq_stats["handshakes_timed_out"] += 1
+                self.raftq_log.warn(
+                    "handshake_timeout",
+                    "raft port: closed a connection from %s: not authenticated within %.1f s",
+                    _peer(conn),
+                    self.raftq_handshake_timeout,
+                )
+                conn.disconnect()  # (-> _onDisconnected: forgotten)
+                self._unknownConnections.discard(conn)
+
+    def _onOutgoingConnected(self, conn: Any) -> None:
+        conn.raftq_handshake = bool(conn.encryptor)  # until the peer's sealed key arrives
+        conn.raftq_accepted = monotonic()
+        super()._onOutgoingConnected(conn)
+
+    def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:
+        conn.raftq_handshake = False
+        super()._onOutgoingMessageReceived(conn, message)
+
+    def _onDisconnected(self, conn: Any) -> None:
+        self.raftq_inbound.discard(conn)
+        if getattr(conn, "raftq_handshake", False):
+            # The peer closed before it answered: it could not open our first message (its
+            # log says why), or does not take this node (not a member), or it is stopping.
+            conn.raftq_handshake = False
+            node = self._connToNode(conn)
+            self.raftq_stats["handshakes_failed"] += 1
+            self.raftq_log.warn(
+                "handshake_failed",
+                "raft connection to %s closed by the peer during the handshake: is the cluster"
+                " secret the same on every node, and is this node a member?",
+                getattr(node, "id", "?"),
+            )
+        super()._onDisconnected(conn)
+
+    def raftq_guard(self, conn: Any) -> None:
+        """Caps on its frames, a log line when a message fails to open (once per
+        connection; for an inbound one at accept, before it is read)."""
+        if not getattr(conn, "raftq_guarded", False):
+            conn.raftq_guarded = True
+            conn._TcpConnection__tryReadBuffer = functools.partial(_read_once, conn, self)
+            conn.disconnect = functools.partial(_disconnect, conn, self, conn.disconnect)
+
+    def raftq_pre_auth(self, conn: Any) -> bool:
+        """Not yet authenticated: inbound until a member's address arrived (sealed, with the
+        key we sent: a replayed handshake fails here), outbound until the peer's sealed key."""
+        return conn in self._unknownConnections or bool(conn.encryptor and not conn.sendRandKey)
+
+
+# The counters the guarded port adds to the node's stats.
+GUARD_STATS = (
+    "connections_refused",
+    "handshakes_timed_out",
+    "handshakes_failed",
+    "frames_refused",
+    "messages_rejected",
+)
+_LENGTH = struct.Struct("i")  # pysyncobj's frame length (native, signed)
+
+
+def _peer(conn: Any) -> str:
+    try:
+        host, port = conn._TcpConnection__socket.getpeername()[:2]
+    except (OSError, AttributeError):
+        return "?"
+    return f"{host}:{port}"
 
 
 def _own_overrides(cls: type, base: type) -> set[str]:
@@ -439,11 +584,18 @@ def _close_socket_on_failed_bind(server: Any) -> None:
     server.bind = bind_or_close
 
 
-def _read_once(conn: Any, view: memoryview) -> None:
-    """One recv into ``view``, appended to the connection's read buffer (pysyncobj's
-    ``__tryReadBuffer`` loops until the socket is drained, allocating its buffer size each
-    time)."""
+def _read_once(conn: Any, transport: _Transport) -> None:
+    """One recv into the transport's buffer, appended to the connection's read buffer
+    (pysyncobj's ``__tryReadBuffer`` loops until the socket is drained, allocating its buffer
+    size each time); then the length of the frame at the head of the buffer (the one pysyncobj
+    parses next: it parsed every whole frame after the last read) is checked against the
+    connection's cap. Before authentication, at most PRE_AUTH_FRAME bytes are read at once, so
+    a refused frame costs that much memory."""
     sock = conn._TcpConnection__socket
+    view, limit = transport.raftq_view, MAX_FRAME
+    pre_auth = transport.raftq_pre_auth(conn)
+    if pre_auth:
+        view, limit = view[:PRE_AUTH_FRAME], PRE_AUTH_FRAME
     try:
         n = sock.recv_into(view)
     except (BlockingIOError, InterruptedError):
@@ -455,8 +607,51 @@ def _read_once(conn: Any, view: memoryview) -> None:
         conn.disconnect()
         return
     if n > 0:
-        conn._TcpConnection__readBuffer += view[:n]
+        buf = conn._TcpConnection__readBuffer = conn._TcpConnection__readBuffer + view[:n]
+        if len(buf) >= 4:
+            (size,) = _LENGTH.unpack_from(buf)
+            if not 0 <= size <= limit:
+                transport.raftq_stats["frames_refused"] += 1
+                transport.raftq_log.warn(
+                    "frame before authentication" if pre_auth else "frame",  # (a member's
+                    # refused frame is a different story: never hidden by strangers' ones)
+                    "raft connection %s %s: refused a frame of %d bytes%s (the limit is %d);"
+                    " closed",
+                    "from" if conn in transport.raftq_inbound else "to",
+                    _peer(conn),
+                    size,
+                    " before authentication" if pre_auth else "",
+                    limit,
+                )
+                conn.disconnect()
+                return
     conn._TcpConnection__lastReadTime = monotonic()
+
+
+def _disconnect(conn: Any, transport: _Transport, disconnect: Callable[[], None]) -> None:
+    """pysyncobj's ``disconnect``, which it also calls, without a word, when a message fails
+    to open (bad seal or tag, an old timestamp, another connection's key: a replay): then the
+    whole frame is still at the head of the read buffer (it parsed every whole frame after the
+    last read otherwise). Say so, with the sealer's reason if it has one."""
+    buf = conn._TcpConnection__readBuffer
+    if conn.state != CONNECTION_STATE.DISCONNECTED and len(buf) >= 4:
+        (size,) = _LENGTH.unpack_from(buf)
+        if 0 <= size <= len(buf) - 4:
+            sealer = conn.encryptor
+            why = getattr(sealer, "rejected", None) or (
+                "failed its checks (replayed, out of order or for another connection)"
+            )
+            if isinstance(sealer, _Sealer):
+                sealer.rejected = None
+            transport.raftq_stats["messages_rejected"] += 1
+            transport.raftq_log.warn(
+                why,  # (one of a few: rate-limited per reason)
+                "raft connection %s %s: a message %s; closed",
+                "from" if conn in transport.raftq_inbound else "to",
+                _peer(conn),
+                why,
+            )
+    disconnect()
 
 
 class _Members(set):  # type: ignore[type-arg]
@@ -512,7 +707,6 @@ class Raft:
         self._transport: Any = None
         self._stats: dict[str, int] = {}
         self._fix_sends = True
-        self._view = memoryview(b"")
         self.func_id = 0  # raftq_apply's id in journal commands
         self.tick: Callable[[float], None] = _unstarted
         self.poll: Callable[[float], None] = _unstarted
@@ -530,6 +724,8 @@ class Raft:
         compaction_entries: int,
         fix_sends: bool,
         stats: dict[str, int],
+        max_connections: int = MAX_CONNECTIONS,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
         conf = SyncObjConf(
             autoTick=False,  # raftq's own tick loop: sync, flush held acks, deliver completions
@@ -571,7 +767,12 @@ class Raft:
             raise
         self._b, self._transport = b, transport
         self._stats, self._fix_sends = stats, fix_sends
-        self._view = memoryview(bytearray(socket_buffer))  # reads land here (see bound_reads)
+        for key in GUARD_STATS:
+            stats.setdefault(key, 0)
+        transport.raftq_stats = stats
+        transport.raftq_max_connections = max_connections
+        transport.raftq_handshake_timeout = handshake_timeout
+        transport.raftq_view = memoryview(bytearray(socket_buffer))  # (see bound_reads)
         self.func_id = b._methodToID[b._getFuncName("raftq_apply")]
         self.tick = b.doTick
         self.poll = b._poller.poll
@@ -856,12 +1057,11 @@ class Raft:
         event bounds the buffer; the poller is level-triggered, so the rest comes next.
         That recv fills one preallocated buffer of the socket buffer's size: pysyncobj's
         ``recv(4 MiB)`` allocates 4 MiB per call (~24 us for a 12 KB message; 3 us now), and
-        a smaller recv size makes a large append take many poll rounds."""
+        a smaller recv size makes a large append take many poll rounds. Each connection is
+        guarded too (``_Transport.raftq_guard``: frame caps, rejected messages logged)."""
         transport = self._transport
-        for conn in [*transport._connections.values(), *transport._unknownConnections]:
-            if not getattr(conn, "_raftq_bounded", False):
-                conn._raftq_bounded = True
-                conn._TcpConnection__tryReadBuffer = functools.partial(_read_once, conn, self._view)
+        for conn in transport._connections.values():  # (inbound ones: guarded at accept)
+            transport.raftq_guard(conn)
 
 
 def _denied(args: Any, callback: Callable[[Any, Any], None]) -> None:

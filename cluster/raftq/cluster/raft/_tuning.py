@@ -82,3 +82,16 @@ PICKLE_PROTOCOL = 4  # a 10 KB append: protocol 2 (pysyncobj's) 124/105 us to du
 # stream, but one of stored blocks built by _stored_zlib: zlib.compress at any level (even 0)
 # sets up a deflate state per call, ~48 us whatever the size (level 3, pysyncobj's: 50 us for
 # 12 KB); a stored stream costs ~1 us. Payloads are opaque and mostly incompressible.
+# ---------------------------------------------------------------------------- the Raft port
+# Frames are a 4-byte length and then the bytes (pysyncobj buffered whatever length it was
+# told: one connection declaring 2 GiB and streaming 256 MiB took a leader from 58 to 483 MB).
+PRE_AUTH_FRAME = 4096  # until a connection has proven the secret: the handshake's two messages
+# (a sealed random key, then the sealed node address) are ~110 and ~150 bytes.
+MAX_FRAME = APPEND_BATCH_BYTES + MAX_ENTRY_BYTES + (4 << 20)  # after: pysyncobj batches entries
+# until they reach APPEND_BATCH_BYTES, so one append carries up to that plus one entry, plus
+# pickling (~30 B an entry); snapshot chunks are 1 MiB. A frame refused here would be re-sent
+# forever, so the margin is generous: it only has to bound memory.
+MAX_CONNECTIONS = 64  # inbound Raft connections open at once (a peer needs one)
+HANDSHAKE_TIMEOUT = 5.0  # an inbound connection not authenticated by then is closed (the
+# handshake takes one round trip: milliseconds)
+WARN_EVERY = 10.0  # seconds between log lines about refused connections and frames, per kind

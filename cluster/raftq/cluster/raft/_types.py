@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from raftq.cluster.raft._tuning import HANDSHAKE_TIMEOUT, MAX_CONNECTIONS
+
 
 @dataclass(frozen=True)
 class RaftConfig:
@@ -18,6 +20,8 @@ class RaftConfig:
     fsync: str = "always"  # "always" | "never" (never: a power loss can lose acked entries)
     # Recovery from a lost majority: commit this node's journal and make it the only member.
     force_new_cluster: bool = False
+    max_connections: int = MAX_CONNECTIONS  # inbound Raft connections open at once
+    handshake_timeout: float = HANDSHAKE_TIMEOUT  # seconds for an inbound one to authenticate
 
 
 class RaftError(Exception):

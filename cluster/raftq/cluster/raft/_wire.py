@@ -37,7 +37,7 @@ class _Sealer:
         self._aead = self._key(self._salt)
         self._keys: dict[bytes, AESGCM] = {self._salt: self._aead}
         self._counter = itertools.count(1)
-        self._warned = 0.0
+        self.rejected: str | None = None  # why the last message failed to open (see decrypt)
 
     def _key(self, salt: bytes) -> AESGCM:
         key = hmac.new(self._master, b"raftq-seal" + salt, "sha256").digest()[:16]
@@ -53,8 +53,13 @@ class _Sealer:
         return head, self._aead.encrypt(nonce, data, head)
 
     def extract_timestamp(self, data: bytes) -> int:
-        version, ts, _, _ = self._HEAD.unpack_from(data)
+        try:
+            version, ts, _, _ = self._HEAD.unpack_from(data)
+        except struct.error:
+            self.rejected = "is too short to be sealed"
+            raise
         if version != 1:
+            self.rejected = "has an unknown seal (not a raftq node, or junk)"
             raise ValueError("unknown message seal")
         return int(ts)
 
@@ -69,15 +74,32 @@ class _Sealer:
         try:
             return aead.decrypt(nonce, data[self._HEAD.size :], head)
         except InvalidTag:
-            # pysyncobj drops the connection without a word; say why, at most every 10 s.
-            now = time.monotonic()
-            if now - self._warned > 10:
-                self._warned = now
-                log.warning(
-                    "raft message failed authentication: is the cluster secret the same"
-                    " on every node?"
-                )
+            # pysyncobj drops the connection without a word: the seam's disconnect logs it,
+            # with this reason (all under the tick lock, in the same call)
+            self.rejected = "failed authentication (is the cluster secret the same on every node?)"
             raise
+
+
+class RateLimited:
+    """Log lines about what peers (or strangers) send: at most one per ``every`` seconds per
+    kind, saying how many were left out since the last."""
+
+    def __init__(self, every: float) -> None:
+        self._every = every
+        self._last: dict[str, float] = {}
+        self._skipped: dict[str, int] = {}
+
+    def warn(self, kind: str, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last.get(kind, -self._every) < self._every:
+            self._skipped[kind] = self._skipped.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        skipped = self._skipped.pop(kind, 0)
+        if skipped:
+            msg += " (%d more like it in the last %.0f s)"
+            args = (*args, skipped, self._every)
+        log.warning(msg, *args)
 
 
 _STORED = struct.Struct("<BHH")  # deflate stored block header: BFINAL/BTYPE=00, LEN, NLEN
