@@ -1454,3 +1454,29 @@ def test_a_late_earliest_group_and_acks_below_its_pin_keep_the_invariants(h: Har
     (e,) = h.receive("u", "E", max=1)
     assert e["payload"] == b"1"
     h("ack", receipts=[e["receipt"]])  # the harness checks the invariants after each command
+
+
+def test_overview_sums_every_topic_and_group(h: Harness) -> None:
+    h.topic("a")
+    h("create_group", topic="a", group="g2")
+    h.topic("b")
+    h.publish("a", b"1", b"2", b"3")
+    h.publish("b", b"4")
+    h.receive("a", max=1)
+    h("nack", receipts=[h.receive("b")[0]["receipt"]], delay=60)
+    ov = h.b.overview()
+    stats = [h.b.topic_stats(n) for n in ("a", "b")]
+    groups = [g for t in stats for g in t["groups"]]
+    assert ov["totals"] == {
+        "topics": 2,
+        "groups": 3,
+        "messages": 4,
+        "bytes": 4,
+        "pending": sum(g["pending"] for g in groups),
+        "delayed": 1,
+        "in_flight": 1,
+    }
+    assert ov["backlogs"] == {"a": (5, 3), "b": (0, 1)}
+    assert ov["topic_counters"]["published"] == 4
+    assert ov["group_counters"]["delivered"] == 2
+    assert ov["group_counters"]["nacked"] == 1

@@ -1330,6 +1330,54 @@ class Broker:
     def list_topics(self) -> list[str]:
         return list(self.topics)
 
+    def overview(self) -> dict[str, Any]:
+        """Cluster-wide figures in O(topics + groups), without building each topic's stats:
+        ``totals`` (topics, groups, retained messages and bytes, pending, delayed and in-flight
+        deliveries), ``topic_counters`` and ``group_counters`` (each counter summed over all
+        topics or groups), and ``backlogs`` (topic -> (pending deliveries summed over its
+        groups, retained messages))."""
+        totals = dict.fromkeys(
+            ("topics", "groups", "messages", "bytes", "pending", "delayed", "in_flight"), 0
+        )
+        # (every counters dict has its keys in TOPIC_COUNTERS / GROUP_COUNTERS order)
+        topic_rows: list[Any] = []
+        group_rows: list[Any] = []
+        backlogs: dict[str, tuple[int, int]] = {}
+        messages = nbytes = groups = delayed = in_flight = 0
+        for name, t in self.topics.items():
+            messages += t.count
+            nbytes += t.bytes
+            topic_rows.append(t.counters.values())
+            pending = 0
+            for g in t.groups.values():
+                n_in_flight, n_delayed = len(g.inflight), len(g.delayed)
+                pending += g.fresh + len(g.held) - n_in_flight - n_delayed
+                delayed += n_delayed
+                in_flight += n_in_flight
+                group_rows.append(g.counters.values())
+            groups += len(t.groups)
+            backlogs[name] = (pending, t.count)
+        totals.update(
+            topics=len(self.topics),
+            groups=groups,
+            messages=messages,
+            bytes=nbytes,
+            pending=sum(p for p, _ in backlogs.values()),
+            delayed=delayed,
+            in_flight=in_flight,
+        )
+
+        def sums(keys: tuple[str, ...], rows: list[Any]) -> dict[str, int]:
+            columns = zip(*rows, strict=True) if rows else ((0,) for _ in keys)
+            return {k: sum(c) for k, c in zip(keys, columns, strict=True)}
+
+        return {
+            "totals": totals,
+            "topic_counters": sums(TOPIC_COUNTERS, topic_rows),
+            "group_counters": sums(GROUP_COUNTERS, group_rows),
+            "backlogs": backlogs,
+        }
+
     def may_deliver(self, topic: str, group: str) -> bool:
         """Cheap over-approximation of "a receive would deliver something now" (a false
         positive costs the caller one empty receive; a false negative never happens). A

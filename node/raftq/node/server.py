@@ -52,6 +52,7 @@ class NodeOptions:
     auth: bool = True
     admin_token: str | None = field(default=None, repr=False)
     auth_observe: bool = False
+    metrics_topics: int | None = 100  # per-topic metric series for the top N (None: all)
     fsync: str = "always"
     max_body: int = 8 << 20
     shutdown_timeout: float = 15.0
@@ -136,6 +137,7 @@ async def serve(
         admin_token=opts.admin_token,
         internal_token=internal_token(key) if key else None,
         auth_observe=opts.auth_observe,
+        metrics_topics=opts.metrics_topics,
         scheme="https" if tls is not None else "http",
         peer_ssl=tls.peer if tls is not None else None,
     )
