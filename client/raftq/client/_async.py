@@ -605,7 +605,7 @@ class AsyncClient:
         while True:
             page = await self.request(rq.list_topics(after))
             names += page["topics"]
-            after = rq.next_topics_page(page, after)
+            after = core.next_topics_page(page, after)
             if after is None:
                 return names
 

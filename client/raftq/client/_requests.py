@@ -86,15 +86,6 @@ def list_topics(after: str | None = None, limit: int | None = None) -> Request:
     return Request("GET", "/topics" + ("?" + "&".join(query) if query else ""), idempotent=True)
 
 
-def next_topics_page(page: Any, after: str | None) -> str | None:
-    """The cursor of the page after ``page`` (which was asked ``after``), or None at the end
-    (also when a server answers no ``next``, or one that would not move forward)."""
-    nxt = page.get("next") if isinstance(page, dict) else None
-    if not isinstance(nxt, str) or (after is not None and nxt <= after):
-        return None
-    return nxt
-
-
 def topic(name: str) -> Request:
     return Request("GET", path("topics", name), idempotent=True)
 

@@ -257,7 +257,7 @@ class Client:
         while True:
             page = self.request(rq.list_topics(after))
             names += page["topics"]
-            after = rq.next_topics_page(page, after)
+            after = core.next_topics_page(page, after)
             if after is None:
                 return names
 
