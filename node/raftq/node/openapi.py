@@ -373,6 +373,8 @@ def _content(schema: str) -> dict[str, Any]:
     }
 
 
+_HEADER = {"schema": S}
+_RETRY = {"description": "seconds to wait before trying again", "schema": _int(0)}
 _PATH_PARAM = re.compile(r"{(\w+)}")
 _PATH_DOC = {"topic": "a topic name", "group": "a consumer group name"}
 _PATH_SCHEMA = {"topic": NAME, "group": NAME, "node": NAME, "token": TOKEN_ID,
@@ -428,10 +430,14 @@ def _operation(route: Route) -> dict[str, Any]:
     }
     if route.stream:
         responses["307"] = {
-            "description": "a follower redirects to the leader (X-Raftq-Leader names it)"
+            "description": "a follower redirects to the leader",
+            "headers": {"Location": _HEADER, "X-Raftq-Leader": _HEADER},
         }
     responses.setdefault("4XX", {"description": "client error", **_ERR})
-    responses.setdefault("503", {"description": "no leader / overloaded (see Retry-After)", **_ERR})
+    responses.setdefault(
+        "503",
+        {"description": "no leader / overloaded", "headers": {"Retry-After": _RETRY}, **_ERR},
+    )
     if route.where == LEADER and not route.stream:
         responses["504"] = {
             "description": "outcome unknown: the command may or may not have been applied",
