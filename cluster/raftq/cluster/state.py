@@ -1334,48 +1334,44 @@ class Broker:
         """Cluster-wide figures in O(topics + groups), without building each topic's stats:
         ``totals`` (topics, groups, retained messages and bytes, pending, delayed and in-flight
         deliveries), ``topic_counters`` and ``group_counters`` (each counter summed over all
-        topics or groups), and ``backlogs`` (topic -> (pending deliveries summed over its
-        groups, retained messages))."""
-        totals = dict.fromkeys(
-            ("topics", "groups", "messages", "bytes", "pending", "delayed", "in_flight"), 0
-        )
-        # (every counters dict has its keys in TOPIC_COUNTERS / GROUP_COUNTERS order)
-        topic_rows: list[Any] = []
-        group_rows: list[Any] = []
-        backlogs: dict[str, tuple[int, int]] = {}
-        messages = nbytes = groups = delayed = in_flight = 0
+        topics or groups), ``backlogs`` (topic -> pending deliveries summed over its groups)
+        and ``retained`` (topic -> retained messages). (Few objects: a scrape with many topics
+        should not set off the garbage collector.)"""
+        topic_counters = dict.fromkeys(TOPIC_COUNTERS, 0)
+        group_counters = dict.fromkeys(GROUP_COUNTERS, 0)
+        backlogs: dict[str, int] = {}
+        retained: dict[str, int] = {}
+        nbytes = groups = delayed = in_flight = 0
         for name, t in self.topics.items():
-            messages += t.count
             nbytes += t.bytes
-            topic_rows.append(t.counters.values())
+            retained[name] = t.count
+            for k, c in t.counters.items():
+                topic_counters[k] += c
             pending = 0
             for g in t.groups.values():
                 n_in_flight, n_delayed = len(g.inflight), len(g.delayed)
                 pending += g.fresh + len(g.held) - n_in_flight - n_delayed
                 delayed += n_delayed
                 in_flight += n_in_flight
-                group_rows.append(g.counters.values())
+                for k, c in g.counters.items():
+                    group_counters[k] += c
             groups += len(t.groups)
-            backlogs[name] = (pending, t.count)
-        totals.update(
-            topics=len(self.topics),
-            groups=groups,
-            messages=messages,
-            bytes=nbytes,
-            pending=sum(p for p, _ in backlogs.values()),
-            delayed=delayed,
-            in_flight=in_flight,
-        )
-
-        def sums(keys: tuple[str, ...], rows: list[Any]) -> dict[str, int]:
-            columns = zip(*rows, strict=True) if rows else ((0,) for _ in keys)
-            return {k: sum(c) for k, c in zip(keys, columns, strict=True)}
-
+            backlogs[name] = pending
+        totals = {
+            "topics": len(self.topics),
+            "groups": groups,
+            "messages": sum(retained.values()),
+            "bytes": nbytes,
+            "pending": sum(backlogs.values()),
+            "delayed": delayed,
+            "in_flight": in_flight,
+        }
         return {
             "totals": totals,
-            "topic_counters": sums(TOPIC_COUNTERS, topic_rows),
-            "group_counters": sums(GROUP_COUNTERS, group_rows),
+            "topic_counters": topic_counters,
+            "group_counters": group_counters,
             "backlogs": backlogs,
+            "retained": retained,
         }
 
     def may_deliver(self, topic: str, group: str) -> bool:

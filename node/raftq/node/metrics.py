@@ -57,22 +57,18 @@ _TOTALS = {  # raftq_cluster_<name>: (Broker.overview()["totals"] key, help)
 }
 
 
-def top_topics(backlogs: dict[str, tuple[int, int]], n: int | None) -> list[str]:
+def top_topics(backlogs: dict[str, int], retained: dict[str, int], n: int | None) -> list[str]:
     """The ``n`` topics (all: None) with the largest backlog, then the most retained
     messages, then by name: the same on every replica."""
     if n is None:
         return sorted(backlogs)
-    return [
-        name
-        for name, _ in heapq.nsmallest(
-            n, backlogs.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0])
-        )
-    ]
+    return heapq.nsmallest(n, backlogs, key=lambda name: (-backlogs[name], -retained[name], name))
 
 
 def _figures(b: Broker, n: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     overview = b.overview()
-    return overview, [b.topic_stats(name) for name in top_topics(overview["backlogs"], n)]
+    top = top_topics(overview["backlogs"], overview["retained"], n)
+    return overview, [b.topic_stats(name) for name in top]
 
 
 class BrokerCollector(Collector):
