@@ -1334,35 +1334,36 @@ class Broker:
         """Cluster-wide figures in O(topics + groups), without building each topic's stats:
         ``totals`` (topics, groups, retained messages and bytes, pending, delayed and in-flight
         deliveries), ``topic_counters`` and ``group_counters`` (each counter summed over all
-        topics or groups), ``backlogs`` (topic -> pending deliveries summed over its groups)
-        and ``retained`` (topic -> retained messages). (Few objects: a scrape with many topics
-        should not set off the garbage collector.)"""
+        topics or groups), ``backlogs`` (topic -> messages its groups have yet to settle:
+        pending, delayed and in flight) and ``retained`` (topic -> retained messages). (Few
+        objects: a scrape with many topics should not set off the garbage collector.)"""
         topic_counters = dict.fromkeys(TOPIC_COUNTERS, 0)
         group_counters = dict.fromkeys(GROUP_COUNTERS, 0)
         backlogs: dict[str, int] = {}
         retained: dict[str, int] = {}
-        nbytes = groups = delayed = in_flight = 0
+        nbytes = groups = pending_total = delayed = in_flight = 0
         for name, t in self.topics.items():
             nbytes += t.bytes
             retained[name] = t.count
             for k, c in t.counters.items():
                 topic_counters[k] += c
-            pending = 0
+            unsettled = 0
             for g in t.groups.values():
                 n_in_flight, n_delayed = len(g.inflight), len(g.delayed)
-                pending += g.fresh + len(g.held) - n_in_flight - n_delayed
+                unsettled += g.fresh + len(g.held)
+                pending_total += g.fresh + len(g.held) - n_in_flight - n_delayed
                 delayed += n_delayed
                 in_flight += n_in_flight
                 for k, c in g.counters.items():
                     group_counters[k] += c
             groups += len(t.groups)
-            backlogs[name] = pending
+            backlogs[name] = unsettled
         totals = {
             "topics": len(self.topics),
             "groups": groups,
             "messages": sum(retained.values()),
             "bytes": nbytes,
-            "pending": sum(backlogs.values()),
+            "pending": pending_total,
             "delayed": delayed,
             "in_flight": in_flight,
         }

@@ -108,9 +108,11 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--metrics-topics",
         type=_metrics_topics,
+        metavar="N|all",
         default=_env("METRICS_TOPICS", "100"),
         help="per-topic and per-group series in /metrics for the N topics with the largest"
-        " backlog (0: none, all: every topic; cluster totals are always there)"
+        " backlog, unsettled messages (0: none, all: every topic; cluster totals are always"
+        " there)"
         " [RAFTQ_METRICS_TOPICS] (default 100)",
     )
     p.add_argument(

@@ -4,9 +4,9 @@ Broker figures are read from the replicated state at scrape time, so every node 
 same cluster-wide numbers: cluster totals (``raftq_cluster_*``: topics, groups, retained
 messages and bytes, backlog, delayed, in flight, and every counter summed) always, and
 per-topic and per-group series (``raftq_topic_*``, ``raftq_group_*``) for at most
-``topics`` topics, those with the largest backlog (``--metrics-topics``: 100 by default, 0
-for none, ``all``): with ten thousand topics a full scrape is ~10 MB and takes more than a
-second of the node's time under the apply lock. A topic that leaves the top ``topics``
+``topics`` topics, those with the most unsettled messages (``--metrics-topics``: 100 by
+default, 0 for none, ``all``): with ten thousand topics a full scrape is ~10 MB and takes
+more than a second of the node's time under the apply lock. A topic that leaves the top ``topics``
 loses its series (Prometheus marks them stale). Node figures (HTTP latency, group-commit
 batch sizes, propose latency) are this process's own.
 """
@@ -58,8 +58,9 @@ _TOTALS = {  # raftq_cluster_<name>: (Broker.overview()["totals"] key, help)
 
 
 def top_topics(backlogs: dict[str, int], retained: dict[str, int], n: int | None) -> list[str]:
-    """The ``n`` topics (all: None) with the largest backlog, then the most retained
-    messages, then by name: the same on every replica."""
+    """The ``n`` topics (all: None) with the largest backlog (messages their groups have yet
+    to settle: pending, delayed or in flight), then the most retained messages, then by name:
+    the same on every replica."""
     if n is None:
         return sorted(backlogs)
     return heapq.nsmallest(n, backlogs, key=lambda name: (-backlogs[name], -retained[name], name))
