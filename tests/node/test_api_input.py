@@ -317,6 +317,7 @@ async def test_an_unmasked_client_frame_closes_the_stream_with_1002(
             while opcode != 0x8:  # (a consumer stream may have sent something first)
                 opcode, data = await _frame(reader)
             assert int.from_bytes(data[:2], "big") == 1002, data
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # and the server hangs up
         finally:
             writer.close()
             await writer.wait_closed()
