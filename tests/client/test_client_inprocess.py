@@ -228,6 +228,20 @@ async def test_sync_client_twin(server: tuple[LocalRaft, str]) -> None:
     assert pending(raft, topic) == (0, 0)
 
 
+async def test_list_topics_follows_the_pages_and_a_page_can_be_asked_for(
+    server: tuple[LocalRaft, str],
+) -> None:
+    raft, url = server
+    names = sorted(f"l-{i:05d}" for i in range(2500))  # (the server's page is 1000)
+    raft.read(lambda b: [b.apply({"op": "create_topic", "topic": n, "now": 1}) for n in names])
+    async with AsyncClient(url) as c:
+        assert await c.list_topics() == names
+        page = await c.list_topics_page(after=names[9], limit=3)
+        assert page == {"topics": names[10:13], "next": names[12]}
+    with Client(url) as sc:
+        assert await asyncio.to_thread(sc.list_topics) == names
+
+
 def run_cli(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -157,3 +157,11 @@ def test_a_server_error_is_definite_and_not_retried() -> None:
     err = errors.error_from_body(500, {"code": "internal", "message": "see the log"})
     assert isinstance(err, errors.ServerError) and not isinstance(err, errors.Unavailable)
     assert core.retry_delay(err, core.Request("GET", "/x"), 0, 5) is None
+
+
+def test_the_topic_list_is_followed_only_while_its_cursor_moves_forward() -> None:
+    assert core.next_topics_page({"topics": ["a", "b"], "next": "b"}, None) == "b"
+    assert core.next_topics_page({"topics": ["c"], "next": None}, "b") is None
+    assert core.next_topics_page({"topics": ["a"]}, None) is None  # (an older node: one page)
+    assert core.next_topics_page({"topics": [], "next": "a"}, "b") is None  # (no progress)
+    assert core.next_topics_page({"topics": [], "next": 7}, None) is None

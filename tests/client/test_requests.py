@@ -19,7 +19,7 @@ TABLE: dict[str, tuple[Callable[[], core.Request], str, bool, bool]] = {
     "add_member": (lambda: rq.add_member("n4", "h:9004", "h:8004"), "POST", False, False),
     "remove_member": (lambda: rq.remove_member("n4"), "DELETE", False, False),
     "create_topic": (lambda: rq.create_topic("t", None, None, False), "POST", False, False),
-    "list_topics": (lambda: rq.list_topics(), "GET", True, False),
+    "list_topics": (lambda: rq.list_topics("a", 5), "GET", True, False),
     "topic": (lambda: rq.topic("t"), "GET", True, False),
     "update_topic": (lambda: rq.update_topic("t", {"max_messages": 5}), "PATCH", True, False),
     "delete_topic": (lambda: rq.delete_topic("t"), "DELETE", True, False),
@@ -89,3 +89,8 @@ def test_a_request_that_does_not_say_is_not_resent() -> None:
 
 def test_receive_holds_for_its_wait() -> None:
     assert rq.receive("t", "g", 1, 7.5, None, None).hold == 7.5
+
+
+def test_the_first_topic_page_asks_nothing_and_the_next_ones_name_their_cursor() -> None:
+    assert rq.list_topics().path == "/topics"  # (a node older than paging takes it too)
+    assert rq.list_topics("orders.eu", 50).path == "/topics?limit=50&after=orders.eu"

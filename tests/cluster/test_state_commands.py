@@ -87,6 +87,34 @@ def test_creating_an_existing_topic_is_topic_exists_unless_if_not_exists(h: Harn
     assert h("create_topic", topic="t", if_not_exists=True) == {"topic": "t", "created": False}
 
 
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"config": {"max_messages": 0}}, "max_messages"),
+        ({"groups": [{"group": "g", "config": {"max_attempts": -1}}]}, "max_attempts"),
+        ({"groups": [{"group": "-g"}]}, "group"),
+        ({"groups": [{"group": "g", "config": {"colour": 1}}]}, "colour"),
+    ],
+)
+def test_if_not_exists_on_an_existing_topic_still_refuses_an_invalid_spec(
+    h: Harness, spec: dict[str, Any], field: str
+) -> None:
+    h.topic("t")
+    before = h.b.digest()
+    with pytest.raises((E.InvalidArgument, E.InvalidName)) as ei:
+        h("create_topic", topic="t", if_not_exists=True, **spec)
+    assert ei.value.field == field  # type: ignore[attr-defined]
+    assert h.b.digest() == before
+
+
+def test_if_not_exists_on_an_existing_group_still_refuses_an_invalid_config(h: Harness) -> None:
+    h.topic("t")
+    with pytest.raises(E.InvalidArgument) as ei:
+        h("create_group", topic="t", group="default", if_not_exists=True,
+          config={"visibility_timeout": 0})  # fmt: skip
+    assert ei.value.field == "visibility_timeout"  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("name", ["a", "A9", "x" * 128, "a.b-c_d", "0"])
 def test_valid_topic_names_are_accepted(h: Harness, name: str) -> None:
     assert h("create_topic", topic=name)["created"]
@@ -184,7 +212,9 @@ def test_unknown_group_is_group_not_found_carrying_topic_and_group(h: Harness) -
         assert (ei.value.topic, ei.value.group) == ("t", "ghost")  # type: ignore[attr-defined]
 
 
-def test_delete_topic_makes_its_receipts_stale(h: Harness) -> None:
+def test_delete_topic_makes_its_receipts_invalid(h: Harness) -> None:
+    """(A receipt naming a topic that is not there is invalid, whether the topic was deleted or
+    never was: nothing tells them apart.)"""
     h.topic("t")
     h.publish("t", b"x")
     (d,) = h.receive()
@@ -192,7 +222,7 @@ def test_delete_topic_makes_its_receipts_stale(h: Harness) -> None:
     assert h.b.list_topics() == []
     res = h("ack", receipts=[d["receipt"]])
     assert res["acked"] == 0
-    assert res["errors"][0]["code"] == "receipt_stale"
+    assert res["errors"][0]["code"] == "receipt_invalid"
     assert h("release", consumer="c1")["released"] == 0
 
 
@@ -624,10 +654,18 @@ def test_malformed_receipt_is_receipt_invalid(h: Harness, receipt: Any) -> None:
     assert res["errors"][0]["code"] == "receipt_invalid"
 
 
-def test_ack_of_unknown_topic_or_group_is_receipt_stale(h: Harness) -> None:
+def test_ack_naming_an_unknown_topic_or_group_is_invalid_and_a_gone_delivery_stale(
+    h: Harness,
+) -> None:
     h.topic("t")
     res = h("ack", receipts=["nope:default:1:1:ab", "t:nope:1:1:ab", "t:default:1:1:ab"])
-    assert [e["code"] for e in res["errors"]] == ["receipt_stale"] * 3
+    assert [e["code"] for e in res["errors"]] == [
+        "receipt_invalid",
+        "receipt_invalid",
+        "receipt_stale",
+    ]
+    assert "topic 'nope'" in res["errors"][0]["message"]
+    assert "group 'nope' of topic 't'" in res["errors"][1]["message"]
 
 
 def test_ack_batch_settles_the_good_receipts_and_reports_each_bad_one(h: Harness) -> None:
@@ -1416,3 +1454,30 @@ def test_a_late_earliest_group_and_acks_below_its_pin_keep_the_invariants(h: Har
     (e,) = h.receive("u", "E", max=1)
     assert e["payload"] == b"1"
     h("ack", receipts=[e["receipt"]])  # the harness checks the invariants after each command
+
+
+def test_overview_sums_every_topic_and_group(h: Harness) -> None:
+    h.topic("a")
+    h("create_group", topic="a", group="g2")
+    h.topic("b")
+    h.publish("a", b"1", b"2", b"3")
+    h.publish("b", b"4")
+    h.receive("a", max=1)
+    h("nack", receipts=[h.receive("b")[0]["receipt"]], delay=60)
+    ov = h.b.overview()
+    stats = [h.b.topic_stats(n) for n in ("a", "b")]
+    groups = [g for t in stats for g in t["groups"]]
+    assert ov["totals"] == {
+        "topics": 2,
+        "groups": 3,
+        "messages": 4,
+        "bytes": 4,
+        "pending": sum(g["pending"] for g in groups),
+        "delayed": 1,
+        "in_flight": 1,
+    }
+    # (unsettled: a's default group 3 (one in flight), g2 3; b's one delayed)
+    assert (ov["backlogs"], ov["retained"]) == ({"a": 6, "b": 1}, {"a": 3, "b": 1})
+    assert ov["topic_counters"]["published"] == 4
+    assert ov["group_counters"]["delivered"] == 2
+    assert ov["group_counters"]["nacked"] == 1

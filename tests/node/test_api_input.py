@@ -12,7 +12,9 @@ from typing import Any
 import msgpack
 
 from raftq.node.local import LocalRaft
+from raftq.node.wsmask import FrameScanner
 from tests.node.inprocess import Client, topic_of
+from tests.support import ADMIN
 
 JSON = {"Content-Type": "application/json"}
 
@@ -202,3 +204,141 @@ async def test_a_follower_forwards_a_receive_with_a_bad_consumer_as_is(
     for consumer in bad:
         r = await fc.post(f"/topics/{topic}/groups/default/receive", json={"consumer": consumer})
         await error(r, 400, "invalid_argument")
+
+
+# ---------------------------------------------------------------- issue 20, point 8
+
+
+async def test_if_not_exists_on_an_existing_topic_or_group_still_checks_the_specs(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    raft, client = node
+    topic = await topic_of(client)
+    before = raft.read(lambda b: b.topic_stats(topic))
+    bad_group = {"group": "g", "config": {"max_attempts": -1}}
+    for path, body, field in (
+        ("/topics", {"topic": topic, "if_not_exists": True, "groups": [bad_group]},
+         "max_attempts"),
+        ("/topics", {"topic": topic, "if_not_exists": True, "config": {"overflow": "x"}},
+         "overflow"),
+        (f"/topics/{topic}/groups",
+         {"group": "default", "if_not_exists": True, "config": {"visibility_timeout": -1}},
+         "visibility_timeout"),
+    ):  # fmt: skip
+        r = await client.post(path, json=body)
+        assert (await error(r, 400, "invalid_argument"))["details"]["field"] == field
+    r = await client.post("/topics", json={"topic": topic, "if_not_exists": True})
+    assert r.status == 200 and (await r.json())["created"] is False  # a valid spec: as before
+    assert raft.read(lambda b: b.topic_stats(topic)) == before  # (no group g)
+
+
+async def test_header_names_must_not_be_empty_or_hold_control_characters(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    raft, client = node
+    topic = await topic_of(client)
+    for name in ("", "a\x00b", "line\nbreak", "tab\there", "del\x7f", "c1\x85"):
+        body = {"payload": b64(b"x"), "headers": {name: "v"}}
+        r = await client.post(f"/topics/{topic}/messages", json=body)
+        err = await error(r, 400, "invalid_argument")
+        assert "header name" in err["message"] and err["details"]["header"] == name, name
+        r = await client.post(f"/topics/{topic}/publish", json={"messages": [body]})
+        await error(r, 400, "invalid_argument")
+    async with client.ws_connect("/publish/stream") as ws:
+        frame = {"id": 1, "op": "publish", "topic": topic,
+                 "messages": [{"payload": b"x", "headers": {"": "v"}}]}  # fmt: skip
+        await ws.send_bytes(msgpack.packb(frame))
+        got = msgpack.unpackb((await asyncio.wait_for(ws.receive(), 5)).data)
+        assert (got["id"], got["code"]) == (1, "invalid_argument")
+    assert raft.read(lambda b: b.topic_stats(topic)["messages"]) == 0
+    ok = {"payload": b64(b"x"), "headers": {"Content-Type": "text/plain", "ünï": "v"}}
+    assert (await client.post(f"/topics/{topic}/messages", json=ok)).status == 200
+
+
+async def test_a_receipt_naming_an_unknown_topic_or_group_is_invalid_not_stale(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    _, client = node
+    topic = await topic_of(client)
+    receipts = ["no-such-topic:default:1:1:ab", f"{topic}:no-such-group:1:1:ab",
+                f"{topic}:default:1:1:ab"]  # fmt: skip
+    r = await client.post("/ack", json={"receipts": receipts})
+    errors = (await r.json())["errors"]
+    assert [e["code"] for e in errors] == ["receipt_invalid", "receipt_invalid", "receipt_stale"]
+    assert "no-such-topic" in errors[0]["message"] and "no-such-group" in errors[1]["message"]
+
+
+async def _handshake(client: Client, path: str) -> tuple[asyncio.StreamReader, Any]:
+    """A WebSocket opened by hand (aiohttp's client masks every frame it sends)."""
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(
+        f"GET {path} HTTP/1.1\r\nHost: {client.host}\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        f"Sec-WebSocket-Version: 13\r\nAuthorization: {ADMIN['Authorization']}\r\n\r\n".encode()
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return reader, writer
+
+
+async def _frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One server frame (servers never mask): (opcode, payload)."""
+    first, second = await asyncio.wait_for(reader.readexactly(2), 5)
+    n = second & 0x7F
+    if n == 126:
+        n = int.from_bytes(await reader.readexactly(2), "big")
+    elif n == 127:
+        n = int.from_bytes(await reader.readexactly(8), "big")
+    return first & 0x0F, await asyncio.wait_for(reader.readexactly(n), 5)
+
+
+def _masked(opcode: int, payload: bytes) -> bytes:
+    key = b"\x01\x02\x03\x04"
+    body = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + key + body
+
+
+async def test_an_unmasked_client_frame_closes_the_stream_with_1002(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    _, client = node
+    topic = await topic_of(client)
+    for path in ("/publish/stream?format=json", f"/topics/{topic}/groups/default/stream"):
+        reader, writer = await _handshake(client, path)
+        try:
+            # A masked frame is read (and answered: it is not a publish)...
+            writer.write(_masked(0x1, b'{"id": 1}'))
+            if "publish" in path:
+                opcode, data = await _frame(reader)
+                assert opcode == 0x1 and json.loads(data)["id"] == 1
+            # ... an unmasked one fails the connection: close, 1002 protocol error.
+            writer.write(b"\x81\x09" + b'{"id": 2}')
+            opcode, data = await _frame(reader)
+            while opcode != 0x8:  # (a consumer stream may have sent something first)
+                opcode, data = await _frame(reader)
+            assert int.from_bytes(data[:2], "big") == 1002, data
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # and the server hangs up
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+
+def test_the_frame_scanner_finds_an_unmasked_frame_however_the_bytes_are_cut() -> None:
+    def masked(n: int) -> bytes:
+        if n < 126:
+            return bytes([0x82, 0x80 | n]) + b"kkkk" + b"x" * n
+        if n < 65536:
+            return bytes([0x82, 0x80 | 126]) + n.to_bytes(2, "big") + b"kkkk" + b"x" * n
+        return bytes([0x82, 0x80 | 127]) + n.to_bytes(8, "big") + b"kkkk" + b"x" * n
+
+    good = masked(5) + masked(0) + masked(300) + masked(70000) + _masked(0x9, b"")
+    stream = good + b"\x81\x02hi" + masked(5)
+    for cut in (1, 2, 3, 7, 100, 4096, len(stream)):
+        scanner = FrameScanner()
+        chunks = [(at, stream[at : at + cut]) for at in range(0, len(stream), cut)]
+        at, bad = next((at, b) for at, c in chunks if (b := scanner.scan(c)) is not None)
+        # Found where it starts, or (its header cut after the first byte) at the next chunk.
+        assert at + bad == len(good) or (bad == 0 and at == len(good) + 1), (cut, at, bad)
+    scanner = FrameScanner()
+    assert scanner.scan(good) is None and scanner.scan(b"\x81") is None
+    assert scanner.scan(b"\x02hi") == 0

@@ -62,6 +62,7 @@ def test_bad_environment_values_and_a_missing_data_dir_are_usage_errors(
         ("RAFTQ_MAX_BODY", "8MiB", "--max-body"),
         ("RAFTQ_LOG_LEVEL", "verbose", "--log-level"),
         ("RAFTQ_SHUTDOWN_TIMEOUT", "soon", "--shutdown-timeout"),
+        ("RAFTQ_METRICS_TOPICS", "-1", "--metrics-topics"),
     ):
         with monkeypatch.context() as m:
             m.setenv(var, value)
@@ -71,6 +72,11 @@ def test_bad_environment_values_and_a_missing_data_dir_are_usage_errors(
             assert e.value.code == 2 and says in err and "Traceback" not in err, err
     monkeypatch.setenv("RAFTQ_SHUTDOWN_TIMEOUT", "3")
     assert build_parser().parse_args(["node"]).shutdown_timeout == 3.0
+    assert build_parser().parse_args(["node"]).metrics_topics == 100  # (the default)
+    for value, topics in (("all", None), ("0", 0), ("25", 25)):
+        assert build_parser().parse_args(["node", "--metrics-topics", value]).metrics_topics == (
+            topics
+        )
     # An explicit --in-memory wins over RAFTQ_DATA_DIR (the image sets it), as flags do.
     monkeypatch.setenv("RAFTQ_DATA_DIR", "/data")
     monkeypatch.setenv("RAFTQ_FSYNC", "bogus")  # stops it right after the data-dir choice

@@ -1,4 +1,6 @@
-"""Arbitrary request bodies on every route: a 4xx (or success), never a 500, never a crash."""
+"""Arbitrary request bodies on every route: a 4xx (or success), never a 500, never a crash; and
+schemathesis against the served OpenAPI document: every answer is a status, content type and
+body that the document declares."""
 
 from __future__ import annotations
 
@@ -10,10 +12,20 @@ from typing import Any
 
 import msgpack
 import pytest
+import schemathesis
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schemathesis import Case, GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
+from raftq.node.app import all_routes
 from raftq.node.local import LocalRaft
 from tests.node.cluster_fixture import free_ports
 from tests.node.inprocess import app
@@ -144,3 +156,51 @@ def test_arbitrary_bodies_never_cause_a_server_error(
     ctype = "application/msgpack" if use_msgpack else "application/json"
     status = _send(url + path, method, data, ctype)
     assert status < 500, (method, path, body)
+
+
+# Budget: examples per operation and generation mode (positive: valid by the document;
+# negative: not); ~45 operations x 2 modes.
+SCHEMATHESIS_EXAMPLES = 10
+# The node would call whatever address it is given (raftq.node.ops.add_member); the
+# membership rules have tests of their own.
+NOT_FUZZED = {("POST", "/cluster/members")}
+# (negative: where there is something to get wrong, a parameter or a body)
+OPERATIONS = sorted(
+    (r.method, r.path, mode)
+    for r in all_routes()
+    if (r.method, r.path) not in NOT_FUZZED
+    for mode in GenerationMode
+    if mode is GenerationMode.POSITIVE or r.query or r.body or "{" in r.path
+)
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
+
+
+@pytest.fixture(scope="module")
+def served_document(server: tuple[str, LocalRaft]) -> Any:
+    url, _ = server
+    return schemathesis.openapi.from_url(url + "/openapi.json")
+
+
+@pytest.mark.parametrize(("method", "path", "mode"), OPERATIONS)
+def test_the_served_document_holds_for_generated_requests(
+    served_document: Any, method: str, path: str, mode: GenerationMode
+) -> None:
+    """Requests made from the document (valid, or not) with the admin token: never a 5xx, and
+    every answer's status, content type, headers and body are ones the document declares."""
+    operation = served_document[path][method]
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=SCHEMATHESIS_EXAMPLES, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    def holds(case: Case[Any]) -> None:
+        if isinstance(case.body, dict) and "wait" in case.body:
+            case.body["wait"] = 0  # (a long poll would spend the budget waiting)
+        case.call_and_validate(headers=ADMIN, timeout=10, checks=CHECKS)
+
+    holds()

@@ -119,6 +119,48 @@ def test_openapi_document_is_valid_and_derived_from_the_routes() -> None:
     json.dumps(doc)
 
 
+def test_openapi_document_gives_patterns_ranges_answers_and_statuses() -> None:
+    """What generated clients and fuzzers need (issue 20): every parameter with its pattern or
+    range, bodies' patterns, ranges and minItems, each answer's schema and every status."""
+    doc = document(all_routes())
+    schemas = doc["components"]["schemas"]
+
+    def params(path: str, method: str) -> dict[str, Any]:
+        op = doc["paths"][path][method]
+        return {p["name"]: p["schema"] for p in op["parameters"]}
+
+    assert "pattern" in params("/cluster/members/{node}", "delete")["node"]
+    assert "pattern" in params("/tokens/{token}", "get")["token"]
+    assert params("/consumers/{consumer}/release", "post")["consumer"]["maxLength"] == 256
+    listing = params("/topics", "get")
+    assert listing["limit"]["maximum"] == 10_000 and "pattern" in listing["after"]
+    assert params("/topics/{topic}/messages", "get")["limit"]["maximum"] == 1000
+    assert set(params("/topics/{topic}/groups/{group}/stream", "get")) >= {
+        "topic", "group", "prefetch", "visibility", "format", "batch"}  # fmt: skip
+    assert "digest" in params("/cluster", "get")
+    assert set(doc["paths"]["/topics"]["post"]["responses"]) >= {"200", "201", "4XX", "504"}
+    assert "307" in doc["paths"]["/publish/stream"]["get"]["responses"]
+    assert list(doc["paths"]["/openapi.json"]["get"]["responses"]["200"]["content"]) == [
+        "application/json"
+    ]
+    assert "pattern" in schemas["CreateTopic"]["properties"]["topic"]
+    assert schemas["PublishBatch"]["properties"]["messages"]["minItems"] == 1
+    assert schemas["Receipts"]["properties"]["receipts"]["minItems"] == 1
+    assert schemas["GroupConfig"]["properties"]["max_attempts"]["maximum"] == 1_000_000
+    assert schemas["Message"]["properties"]["key"]["minLength"] == 1
+    release = doc["paths"]["/consumers/{consumer}/release"]["post"]["requestBody"]
+    assert release["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Release"
+    }
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            ok = [s for s in op["responses"] if s.startswith("2")]
+            for status in ok:
+                for media in op["responses"][status].get("content", {}).values():
+                    assert media["schema"] != {"$ref": "#/components/schemas/Any"}, (
+                        method, path)  # fmt: skip
+
+
 async def test_served_openapi_is_the_derived_document(node: tuple[LocalRaft, Client]) -> None:
     _, client = node
     r = await client.get("/openapi.json")

@@ -599,7 +599,20 @@ class AsyncClient:
         return await self.request(rq.create_topic(topic, config, groups, if_not_exists))
 
     async def list_topics(self) -> list[str]:
-        return list((await self.request(rq.list_topics()))["topics"])
+        """Every topic name the token has a right on, in name order (page after page)."""
+        names: list[str] = []
+        after: str | None = None
+        while True:
+            page = await self.request(rq.list_topics(after))
+            names += page["topics"]
+            after = core.next_topics_page(page, after)
+            if after is None:
+                return names
+
+    async def list_topics_page(self, after: str | None = None, limit: int | None = None) -> Any:
+        """One page of topic names: ``{"topics": [...], "next": <the after of the next page,
+        or None on the last>}`` (the server's page size when ``limit`` is None)."""
+        return await self.request(rq.list_topics(after, limit))
 
     async def topic(self, topic: str) -> Any:
         return await self.request(rq.topic(topic))

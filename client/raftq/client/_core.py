@@ -441,3 +441,12 @@ def raise_receipt_errors(result: Any, count: int) -> None:
     errors = result.get("errors") if isinstance(result, dict) else None
     if count == 1 and errors:
         raise error_from_body(409, errors[0])
+
+
+def next_topics_page(page: Any, after: str | None) -> str | None:
+    """The cursor of the page after ``page`` (which was asked ``after``), or None at the end
+    (also when a server answers no ``next``, or one that would not move forward)."""
+    nxt = page.get("next") if isinstance(page, dict) else None
+    if not isinstance(nxt, str) or (after is not None and nxt <= after):
+        return None
+    return nxt

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from raftq.client._core import Request, path
 
@@ -74,8 +75,15 @@ def create_topic(
     return Request("POST", "/topics", body, idempotent=False)
 
 
-def list_topics() -> Request:
-    return Request("GET", "/topics", idempotent=True)
+def list_topics(after: str | None = None, limit: int | None = None) -> Request:
+    """A page of topic names (``{"topics", "next"}``); the first page asks nothing of the
+    server (a node older than paging refuses unknown query parameters, and answers all)."""
+    query = []
+    if limit is not None:
+        query.append(f"limit={int(limit)}")
+    if after is not None:
+        query.append(f"after={quote(after, safe='')}")
+    return Request("GET", "/topics" + ("?" + "&".join(query) if query else ""), idempotent=True)
 
 
 def topic(name: str) -> Request:

@@ -527,11 +527,10 @@ class Broker:
         return t
 
     def _op_create_topic(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        # Everything is checked before whether the topic exists: an invalid spec is refused
+        # with if_not_exists too (it changes nothing either way, so replicas of any version
+        # agree on the state).
         name = v.name(cmd.get("topic"), "topic")
-        if name in self.topics:
-            if cmd.get("if_not_exists"):
-                return {"topic": name, "created": False}
-            raise TopicExists(f"topic {name!r} already exists", topic=name)
         config = v.topic_config(_config(cmd))
         groups_spec = cmd.get("groups")
         if groups_spec is None:
@@ -546,6 +545,10 @@ class Broker:
                 raise GroupExists(f"group {gname!r} given twice", topic=name, group=gname)
             gcfg = v.group_config(name, _config(spec))
             groups.append((gname, gcfg))
+        if name in self.topics:
+            if cmd.get("if_not_exists"):
+                return {"topic": name, "created": False}
+            raise TopicExists(f"topic {name!r} already exists", topic=name)
         t = Topic(name, config, self.now)
         self.topics[name] = t
         for gname, gcfg in groups:
@@ -582,13 +585,13 @@ class Broker:
         start = cmd.get("start", "latest")
         if start not in ("latest", "earliest"):
             raise InvalidArgument("start must be 'latest' or 'earliest'", field="start")
+        cfg = v.group_config(t.name, _config(cmd))  # (checked with if_not_exists too)
         if gname in t.groups:
             if cmd.get("if_not_exists"):
                 return {"topic": t.name, "group": gname, "created": False}
             raise GroupExists(
                 f"group {gname!r} already exists on {t.name!r}", topic=t.name, group=gname
             )
-        cfg = v.group_config(t.name, _config(cmd))
         if start == "earliest":
             # O(1): the group pins the retained messages instead of counting in their refs;
             # the gaps between them are not fresh for it (see _op_receive).
@@ -951,8 +954,15 @@ class Broker:
         seq, attempt = int(s_seq), int(s_att)
         t = self.topics.get(tname)
         g = t.groups.get(gname) if t else None
-        entry = g.inflight.get(seq) if g else None
-        if t is None or g is None or entry is None:
+        if t is None or g is None:
+            # (a deleted topic's or group's receipts too: nothing tells them apart)
+            what = f"topic {tname!r}" if t is None else f"group {gname!r} of topic {tname!r}"
+            raise ReceiptInvalid(
+                f"receipt {receipt!r} names {what}: none exists (never did, or was deleted)",
+                receipt=receipt,
+            )
+        entry = g.inflight.get(seq)
+        if entry is None:
             raise ReceiptStale(
                 f"delivery {receipt!r} is no longer in flight "
                 "(acked, timed out, released, dead-lettered or removed)",
@@ -1319,6 +1329,51 @@ class Broker:
 
     def list_topics(self) -> list[str]:
         return list(self.topics)
+
+    def overview(self) -> dict[str, Any]:
+        """Cluster-wide figures in O(topics + groups), without building each topic's stats:
+        ``totals`` (topics, groups, retained messages and bytes, pending, delayed and in-flight
+        deliveries), ``topic_counters`` and ``group_counters`` (each counter summed over all
+        topics or groups), ``backlogs`` (topic -> messages its groups have yet to settle:
+        pending, delayed and in flight) and ``retained`` (topic -> retained messages). (Few
+        objects: a scrape with many topics should not set off the garbage collector.)"""
+        topic_counters = dict.fromkeys(TOPIC_COUNTERS, 0)
+        group_counters = dict.fromkeys(GROUP_COUNTERS, 0)
+        backlogs: dict[str, int] = {}
+        retained: dict[str, int] = {}
+        nbytes = groups = pending_total = delayed = in_flight = 0
+        for name, t in self.topics.items():
+            nbytes += t.bytes
+            retained[name] = t.count
+            for k, c in t.counters.items():
+                topic_counters[k] += c
+            unsettled = 0
+            for g in t.groups.values():
+                n_in_flight, n_delayed = len(g.inflight), len(g.delayed)
+                unsettled += g.fresh + len(g.held)
+                pending_total += g.fresh + len(g.held) - n_in_flight - n_delayed
+                delayed += n_delayed
+                in_flight += n_in_flight
+                for k, c in g.counters.items():
+                    group_counters[k] += c
+            groups += len(t.groups)
+            backlogs[name] = unsettled
+        totals = {
+            "topics": len(self.topics),
+            "groups": groups,
+            "messages": sum(retained.values()),
+            "bytes": nbytes,
+            "pending": pending_total,
+            "delayed": delayed,
+            "in_flight": in_flight,
+        }
+        return {
+            "totals": totals,
+            "topic_counters": topic_counters,
+            "group_counters": group_counters,
+            "backlogs": backlogs,
+            "retained": retained,
+        }
 
     def may_deliver(self, topic: str, group: str) -> bool:
         """Cheap over-approximation of "a receive would deliver something now" (a false

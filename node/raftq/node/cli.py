@@ -28,6 +28,16 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _metrics_topics(value: str) -> int | None:
+    """``--metrics-topics``: a count, or None for ``all``."""
+    value = value.strip().lower()
+    if value == "all":
+        return None
+    if value.isascii() and value.isdigit() and len(value) <= 9:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"must be a number >= 0 or all, not {value!r}")
+
+
 def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("node", help="run one broker node", description=__doc__)
     p.add_argument("--id", default=_env("ID"), help="node id, e.g. n1 [RAFTQ_ID]")
@@ -94,6 +104,16 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         default=_truthy(_env("AUTH_OBSERVE")),
         help="/metrics and /openapi.json need a token too (default: open) [RAFTQ_AUTH_OBSERVE]",
+    )
+    p.add_argument(
+        "--metrics-topics",
+        type=_metrics_topics,
+        metavar="N|all",
+        default=_env("METRICS_TOPICS", "100"),
+        help="per-topic and per-group series in /metrics for the N topics with the largest"
+        " backlog, unsettled messages (0: none, all: every topic; cluster totals are always"
+        " there)"
+        " [RAFTQ_METRICS_TOPICS] (default 100)",
     )
     p.add_argument(
         "--tls-cert",
@@ -255,6 +275,7 @@ def _run_node(args: argparse.Namespace) -> int:
         auth=args.auth == "on",
         admin_token=admin_token or None,
         auth_observe=args.auth_observe,
+        metrics_topics=args.metrics_topics,
         fsync=args.fsync,
         raft_max_connections=args.raft_max_connections,
         raft_handshake_timeout=args.raft_handshake_timeout,

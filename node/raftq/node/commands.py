@@ -21,6 +21,7 @@ from raftq.node.errors import ApiError
 
 MAX_WAIT_S = 20.0  # the longest receive long poll
 MAX_CONSUMER_LEN = 256
+MAX_EXPIRES_IN_S = 10 * 365 * 86400  # a token's expires_in
 
 NUM = "number"
 INT = "integer"
@@ -136,6 +137,33 @@ RESERVED_HEADER = "x-raftq-"  # dead-letter history and redrive counts: set by t
 _PLAIN_MESSAGE_KEYS = frozenset(("payload", "key"))
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def header_names(hdrs: dict[Any, Any], where: str) -> None:
+    """Header names a client may set: not empty, no control character (they end up in logs,
+    dead-letter history and other protocols' headers), none of the broker's own. (Checked
+    here, not by the state machine: a node of an older version would still apply them.)"""
+    for k in hdrs:
+        if not isinstance(k, str):
+            continue  # (the state machine says: a map of string to string)
+        if not k or _CONTROL.search(k):
+            raise ApiError(
+                "invalid_argument",
+                f"{where}.headers: a header name must not be empty or hold a control"
+                f" character, got {k[:100]!r}",
+                {"field": "headers", "header": k[:100]},
+            )
+        if k.lower().startswith(RESERVED_HEADER):
+            # The broker's own (dead-letter history, redrive counts): a client setting them
+            # could make a redrive deliver into another topic's group.
+            raise ApiError(
+                "invalid_argument",
+                f"{where}.headers: names starting {RESERVED_HEADER} are the broker's own",
+                {"field": "headers", "header": k[:100]},
+            )
+
+
 def message(m: Any, where: str, msgpack_body: bool) -> tuple[dict[str, Any], int]:
     """One wire message as the command's message, and its payload's size."""
     # Fast path for the common msgpack shape {payload: bytes, key?: str} (the client's own):
@@ -156,13 +184,8 @@ def message(m: Any, where: str, msgpack_body: bool) -> tuple[dict[str, Any], int
             {"field": "key"},
         )  # fmt: skip
     hdrs = m.get("headers")
-    if hdrs and any(isinstance(k, str) and k.lower().startswith(RESERVED_HEADER) for k in hdrs):
-        # The broker's own (dead-letter history, redrive counts): a client setting them could
-        # make a redrive deliver into another topic's group.
-        raise ApiError(
-            "invalid_argument", f"{where}.headers: names starting {RESERVED_HEADER} are the"
-            " broker's own", {"field": "headers"},
-        )  # fmt: skip
+    if hdrs:
+        header_names(hdrs, where)
     out = dict(m)
     out["payload"] = codec.payload_in(m["payload"], where + ".payload", msgpack_body)
     for k in ("headers", "key", "delay"):

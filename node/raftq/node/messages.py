@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from raftq.cluster.validate import MAX_INT, MAX_RECEIVE
 from raftq.node import codec, commands, httpio
 from raftq.node.auth import ADMIN, BODY, CONSUME, PATH, PUBLISH, Permission, Principal
 from raftq.node.errors import ApiError
@@ -185,13 +186,14 @@ ROUTES = [
     Route("POST", T + "/messages", publish_one, "Publish one message", body="Message",
           answer="Published", perm=Permission(PUBLISH, PATH)),
     Route("GET", T + "/messages", peek, "Peek retained messages (e.g. dead letters)",
-          query=(Query("from_seq", doc="first sequence number to show"),
-                 Query("limit", default=10, doc="at most this many (1-1000)")),
+          query=(Query("from_seq", lo=0, hi=MAX_INT, doc="first sequence number to show"),
+                 Query("limit", lo=1, hi=MAX_RECEIVE, default=10,
+                       doc=f"at most this many (1-{MAX_RECEIVE})")),
           answer="Peek", perm=Permission(ADMIN, PATH)),
     Route("POST", T + "/publish", publish_batch, "Publish a batch", body="PublishBatch",
           answer="PublishedBatch", perm=Permission(PUBLISH, PATH)),
     Route("POST", T + "/redrive", redrive, "Move dead letters back to their source group",
-          body="Redrive", perm=Permission(ADMIN, PATH)),
+          body="Redrive", answer="Redriven", perm=Permission(ADMIN, PATH)),
     Route("POST", TG + "/receive", receive, "Receive deliveries (long poll up to 20 s)",
           body="Receive", answer="Deliveries", forward=forward_receive,
           perm=Permission(CONSUME, PATH)),
@@ -205,5 +207,6 @@ ROUTES = [
           answer="SettleResult", perm=SETTLE),
     Route("POST", "/consumers/{consumer}/release", release_consumer,
           "Give back the deliveries of a consumer (on the topics the token may consume)",
-          body="Empty", perm=Permission(CONSUME, BODY)),
+          body="Release", answer="Released", params={"consumer": "the consumer's id"},
+          perm=Permission(CONSUME, BODY)),
 ]  # fmt: skip

@@ -1,12 +1,19 @@
 """Prometheus metrics, one ``CollectorRegistry`` per app (never the global one).
 
-Broker figures (per-topic and per-group counters, backlog, in flight) are read from the
-replicated state at scrape time, so every node reports the same cluster-wide numbers; node
-figures (HTTP latency, group-commit batch sizes, propose latency) are this process's own.
+Broker figures are read from the replicated state at scrape time, so every node reports the
+same cluster-wide numbers: cluster totals (``raftq_cluster_*``: topics, groups, retained
+messages and bytes, backlog, delayed, in flight, and every counter summed) always, and
+per-topic and per-group series (``raftq_topic_*``, ``raftq_group_*``) for at most
+``topics`` topics, those with the most unsettled messages (``--metrics-topics``: 100 by
+default, 0 for none, ``all``): with ten thousand topics a full scrape is ~10 MB and takes
+more than a second of the node's time under the apply lock. A topic that leaves the top ``topics``
+loses its series (Prometheus marks them stale). Node figures (HTTP latency, group-commit
+batch sizes, propose latency) are this process's own.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +25,7 @@ from raftq.cluster.state import Broker
 from raftq.node.raftapi import Raft
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_TOPICS = 100  # per-topic series for this many topics by default (--metrics-topics)
 
 _GROUP_COUNTERS = {
     "delivered": "deliveries",
@@ -38,13 +46,36 @@ _TOPIC_COUNTERS = {
 }
 
 
-def _snapshot(b: Broker) -> list[dict[str, Any]]:
-    return [b.topic_stats(name) for name in b.list_topics()]
+_TOTALS = {  # raftq_cluster_<name>: (Broker.overview()["totals"] key, help)
+    "topics": ("topics", "topics"),
+    "groups": ("groups", "consumer groups"),
+    "messages": ("messages", "retained messages, all topics"),
+    "bytes": ("bytes", "retained payload bytes, all topics"),
+    "backlog": ("pending", "messages ready for delivery, summed over every group"),
+    "delayed": ("delayed", "messages waiting for a delay, summed over every group"),
+    "in_flight": ("in_flight", "deliveries awaiting ack, summed over every group"),
+}
+
+
+def top_topics(backlogs: dict[str, int], retained: dict[str, int], n: int | None) -> list[str]:
+    """The ``n`` topics (all: None) with the largest backlog (messages their groups have yet
+    to settle: pending, delayed or in flight), then the most retained messages, then by name:
+    the same on every replica."""
+    if n is None:
+        return sorted(backlogs)
+    return heapq.nsmallest(n, backlogs, key=lambda name: (-backlogs[name], -retained[name], name))
+
+
+def _figures(b: Broker, n: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    overview = b.overview()
+    top = top_topics(overview["backlogs"], overview["retained"], n)
+    return overview, [b.topic_stats(name) for name in top]
 
 
 class BrokerCollector(Collector):
-    def __init__(self, raft: Raft) -> None:
+    def __init__(self, raft: Raft, topics: int | None = DEFAULT_TOPICS) -> None:
         self.raft = raft
+        self.topics = topics  # per-topic series for this many topics (None: all)
 
     def collect(self) -> Iterator[Metric]:
         st = self.raft.status()
@@ -73,7 +104,15 @@ class BrokerCollector(Collector):
                     g = GaugeMetricFamily(f"raftq_raft_stat_{key}", f"Raft binding stat {key}")
                     g.add_metric([], value)
                     yield g
-        topics = self.raft.read(_snapshot)
+        n = self.topics
+        overview, topics = self.raft.read(lambda b: _figures(b, n))
+        yield from _totals(overview)
+        shown = GaugeMetricFamily(
+            "raftq_metrics_topics_shown",
+            "topics with per-topic series in this scrape (--metrics-topics)",
+        )
+        shown.add_metric([], len(topics))
+        yield shown
         tc = {
             k: CounterMetricFamily(f"raftq_topic_{k}", doc, labels=["topic"])
             for k, doc in _TOPIC_COUNTERS.items()
@@ -111,10 +150,26 @@ class BrokerCollector(Collector):
         yield from (t_msgs, t_bytes, backlog, delayed, inflight)
 
 
+def _totals(overview: dict[str, Any]) -> Iterator[Metric]:
+    """``raftq_cluster_*``: every topic and group together, whatever ``--metrics-topics``."""
+    for name, (key, doc) in _TOTALS.items():
+        g = GaugeMetricFamily(f"raftq_cluster_{name}", doc)
+        g.add_metric([], overview["totals"][key])
+        yield g
+    for kind, counters, docs in (
+        ("topic", overview["topic_counters"], _TOPIC_COUNTERS),
+        ("group", overview["group_counters"], _GROUP_COUNTERS),
+    ):
+        for k, doc in docs.items():
+            c = CounterMetricFamily(f"raftq_cluster_{kind}_{k}", f"{doc}, summed over every {kind}")
+            c.add_metric([], counters.get(k, 0))
+            yield c
+
+
 class NodeMetrics:
-    def __init__(self, raft: Raft) -> None:
+    def __init__(self, raft: Raft, topics: int | None = DEFAULT_TOPICS) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(BrokerCollector(raft))
+        self.registry.register(BrokerCollector(raft, topics))
         self.requests = Counter(
             "raftq_http_requests",
             "HTTP requests answered",

@@ -1,9 +1,11 @@
 """The OpenAPI 3 document served at ``/openapi.json``, derived from the route tables
-(``routes.Route``: summary, path and query parameters, body and response schemas), so every
-route is documented and nothing else is. The schemas are written here. JSON bodies carry
-payloads as base64; send ``Content-Type: application/msgpack`` / ``Accept:
-application/msgpack`` for msgpack with raw bytes. Errors are always JSON ``{"code",
-"message", "details"}``.
+(``routes.Route``: summary, path and query parameters, body and response schemas, statuses),
+so every route is documented and nothing else is. The schemas are written here, with the
+limits of ``raftq.cluster.validate`` and ``commands``: request bodies are closed (the node
+refuses unknown fields) and carry names' patterns, numeric ranges and minItems; answers are
+open (a later version may add fields). JSON bodies carry payloads as base64; send
+``Content-Type: application/msgpack`` / ``Accept: application/msgpack`` for msgpack with raw
+bytes. Errors are always JSON ``{"code", "message", "details"}``.
 """
 
 from __future__ import annotations
@@ -12,9 +14,24 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from raftq.cluster.validate import NAME_RE
+from raftq.cluster.grants import MAX_GRANTS, MAX_PATTERNS
+from raftq.cluster.state import GROUP_COUNTERS, TOPIC_COUNTERS
+from raftq.cluster.validate import (
+    MAX_BACKOFF_STEPS,
+    MAX_DELAY_S,
+    MAX_HEADER_LEN,
+    MAX_HEADERS,
+    MAX_INT,
+    MAX_KEY_LEN,
+    MAX_RECEIVE,
+    MAX_TIMEOUT_S,
+    NAME_RE,
+    TOKEN_ID_RE,
+)
 from raftq.node.auth import OBSERVE, PUBLIC
+from raftq.node.commands import MAX_CONSUMER_LEN, MAX_EXPIRES_IN_S, MAX_WAIT_S
 from raftq.node.errors import STATUS_BY_CODE
+from raftq.node.routes import LEADER
 
 if TYPE_CHECKING:
     from raftq.node.routes import Query, Route
@@ -25,9 +42,42 @@ def _ref(name: str) -> dict[str, Any]:
 
 
 def _obj(props: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    """A request body's object: the node refuses fields it does not know."""
     out: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
     if required:
         out["required"] = required
+    return out
+
+
+def _answer(props: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    """An answer's object: a later version may add fields."""
+    out: dict[str, Any] = {"type": "object", "properties": props}
+    if required:
+        out["required"] = required
+    return out
+
+
+def _int(lo: int = 0, hi: int = MAX_INT) -> dict[str, Any]:
+    return {"type": "integer", "minimum": lo, "maximum": hi}
+
+
+def _secs(lo: float, hi: float, doc: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "number", "minimum": lo, "maximum": hi}
+    if doc:
+        out["description"] = doc
+    return out
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "nullable": True}
+
+
+def _list(items: dict[str, Any], lo: int = 0, hi: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "array", "items": items}
+    if lo:
+        out["minItems"] = lo
+    if hi is not None:
+        out["maxItems"] = hi
     return out
 
 
@@ -36,9 +86,29 @@ I = {"type": "integer"}  # noqa: E741
 N = {"type": "number"}
 B = {"type": "boolean"}
 M = {"type": "object", "additionalProperties": True}
-H = {"type": "object", "additionalProperties": {"type": "string"}}
+NAME = {"type": "string", "pattern": f"^{NAME_RE.pattern}$"}
+TOKEN_ID = {"type": "string", "pattern": f"^{TOKEN_ID_RE.pattern}$"}
+PATTERN = {
+    "type": "string",
+    "pattern": f"^(\\*|{NAME_RE.pattern}(\\.\\*)?)$",
+    "description": "a topic, a prefix such as orders.* (the topics below it), or *",
+}
+HOST_PORT = {"type": "string", "pattern": "^.+:[0-9]{1,5}$", "description": "host:port"}
 B64 = {"type": "string", "format": "byte", "description": "base64 in JSON, raw bytes in msgpack"}
+HEADERS = {
+    "type": "object",
+    "additionalProperties": {"type": "string", "maxLength": MAX_HEADER_LEN},
+    "maxProperties": MAX_HEADERS,
+    "description": "names: not empty, no control character, not starting x-raftq- (the"
+    " broker's own)",
+}
+ANSWER_HEADERS = {"type": "object", "additionalProperties": {"type": "string"}}
+RECEIPTS = _list({"type": "string"}, lo=1)
+CONSUMER = {"type": "string", "minLength": 1, "maxLength": MAX_CONSUMER_LEN}
 ANY = {"type": "object", "additionalProperties": True}
+_COUNTERS = {
+    f"{k}_total": I for k in (*TOPIC_COUNTERS, *GROUP_COUNTERS)
+}  # (topic or group counters)
 
 SCHEMAS: dict[str, Any] = {
     "Error": {
@@ -50,60 +120,165 @@ SCHEMAS: dict[str, Any] = {
             "details": M,
         },
     },
-    "TopicList": _obj({"topics": {"type": "array", "items": S}}),
-    "AddMember": _obj({"id": S, "raft": S, "api": S}, ["id", "raft", "api"]),
+    # ------------------------------------------------------------- request bodies
+    "AddMember": _obj({"id": NAME, "raft": HOST_PORT, "api": HOST_PORT}, ["id", "raft", "api"]),
     "CreateTopic": _obj(
         {
-            "topic": S,
+            "topic": NAME,
             "config": _ref("TopicConfig"),
-            "groups": {"type": "array", "items": _ref("GroupSpec")},
+            "groups": _list(_ref("GroupSpec"), hi=None),
             "if_not_exists": B,
         },
         ["topic"],
     ),
     "TopicConfig": _obj(
         {
-            "max_messages": I,
-            "max_bytes": I,
-            "max_message_bytes": I,
+            "max_messages": _nullable(_int(1)),
+            "max_bytes": _nullable(_int(1)),
+            "max_message_bytes": _int(1, 64 << 20),
             "overflow": {"type": "string", "enum": ["reject", "drop_oldest"]},
-            "max_age": N,
-            "dedup_window": N,
+            "max_age": _nullable(_secs(0.001, 10 * 365 * 86400, "seconds; null: kept")),
+            "dedup_window": _secs(0, 7 * 86400, "seconds"),
         }
     ),
     "GroupConfig": _obj(
         {
-            "visibility_timeout": N,
-            "max_attempts": I,
-            "backoff": {"type": "array", "items": N},
-            "dead_letter_topic": {"type": "string", "nullable": True},
+            "visibility_timeout": _secs(0.001, MAX_TIMEOUT_S, "seconds"),
+            "max_attempts": _int(0, 1_000_000),
+            "backoff": _list(_secs(0, MAX_TIMEOUT_S), hi=MAX_BACKOFF_STEPS),
+            "dead_letter_topic": _nullable(NAME),
         }
     ),
-    "GroupSpec": _obj({"group": S, "config": _ref("GroupConfig")}, ["group"]),
+    "GroupSpec": _obj({"group": NAME, "config": _ref("GroupConfig")}, ["group"]),
     "UpdateTopic": _obj({"config": _ref("TopicConfig")}, ["config"]),
     "UpdateGroup": _obj({"config": _ref("GroupConfig")}, ["config"]),
     "CreateGroup": _obj(
         {
-            "group": S,
+            "group": NAME,
             "config": _ref("GroupConfig"),
             "start": {"type": "string", "enum": ["latest", "earliest"]},
             "if_not_exists": B,
         },
         ["group"],
     ),
-    "Message": _obj({"payload": B64, "headers": H, "key": S, "delay": N}, ["payload"]),
-    "PublishBatch": _obj({"messages": {"type": "array", "items": _ref("Message")}}, ["messages"]),
-    "Published": _obj({"seq": I, "duplicate": B}),
-    "PublishedBatch": _obj({"messages": {"type": "array", "items": _ref("Published")}}),
+    "Message": _obj(
+        {
+            "payload": B64,
+            "headers": HEADERS,
+            "key": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_KEY_LEN,
+                "description": "idempotency key (a repeat within dedup_window is stored once)",
+            },
+            "delay": _secs(0, MAX_DELAY_S, "seconds before it may be delivered"),
+        },
+        ["payload"],
+    ),
+    "PublishBatch": _obj({"messages": _list(_ref("Message"), lo=1)}, ["messages"]),
     "Receive": _obj(
         {
-            "consumer": {"type": "string", "description": "defaults to a fresh id per request"},
-            "max": {"type": "integer", "minimum": 1, "maximum": 1000},
-            "wait": {"type": "number", "minimum": 0, "maximum": 20},
-            "visibility": N,
+            "consumer": {**CONSUMER, "description": "defaults to a fresh id per request"},
+            "max": _int(1, MAX_RECEIVE),
+            "wait": _secs(0, MAX_WAIT_S, "long poll, seconds"),
+            "visibility": _secs(0.001, MAX_TIMEOUT_S, "seconds (else the group's)"),
         }
     ),
-    "Delivery": _obj(
+    "Receipts": _obj({"receipts": RECEIPTS}, ["receipts"]),
+    "Nack": _obj(
+        {"receipts": RECEIPTS, "delay": _secs(0, MAX_TIMEOUT_S, "else the group's backoff")},
+        ["receipts"],
+    ),
+    "Extend": _obj(
+        {"receipts": RECEIPTS, "seconds": _secs(0.001, MAX_TIMEOUT_S)}, ["receipts", "seconds"]
+    ),
+    "Term": _obj(
+        {"receipts": RECEIPTS, "reason": {"type": "string", "maxLength": 1024}}, ["receipts"]
+    ),
+    "Release": _obj(
+        {
+            "topics": {
+                **_list(PATTERN, hi=MAX_PATTERNS),
+                "description": "only deliveries on these topics (patterns the token holds)",
+            }
+        }
+    ),
+    "Redrive": _obj({"max": _int(1, 100_000)}),
+    "Grant": _obj(
+        {
+            "topics": PATTERN,
+            "actions": _list(
+                {"type": "string", "enum": ["publish", "consume", "admin"]}, lo=1, hi=3
+            ),
+        },
+        ["topics", "actions"],
+    ),
+    "CreateToken": _obj(
+        {
+            "name": NAME,
+            "grants": _list(_ref("Grant"), hi=MAX_GRANTS),
+            "cluster": B,
+            "expires_in": {
+                **_secs(0, MAX_EXPIRES_IN_S, "seconds from now"),
+                "exclusiveMinimum": True,
+            },
+        },
+        ["name"],
+    ),
+    "UpdateToken": _obj(
+        {
+            "name": NAME,
+            "grants": _list(_ref("Grant"), hi=MAX_GRANTS),
+            "cluster": B,
+            "expires_in": {**_secs(0, MAX_EXPIRES_IN_S), "exclusiveMinimum": True},
+            "disabled": B,
+        }
+    ),
+    "Empty": _obj({}),
+    # ------------------------------------------------------------- answers
+    "TopicList": _answer(
+        {
+            "topics": _list(S),
+            "next": _nullable({**S, "description": "the after of the next page; null: last"}),
+        },
+        ["topics"],
+    ),
+    "Created": _answer({"topic": S, "group": S, "created": B}, ["topic", "created"]),
+    "Configured": _answer({"topic": S, "group": S, "config": ANY}, ["topic", "config"]),
+    "Deleted": _answer({"topic": S, "group": S, "deleted": B}, ["topic", "deleted"]),
+    "Purged": _answer({"topic": S, "group": S, "purged": I}, ["topic", "purged"]),
+    "GroupStats": _answer(
+        {
+            "group": S,
+            "config": ANY,
+            "pending": I,
+            "delayed": I,
+            "in_flight": I,
+            "consumers": I,
+            "oldest_age_ms": _nullable(I),
+            **_COUNTERS,
+        },
+        ["group", "pending", "delayed", "in_flight"],
+    ),
+    "TopicStats": _answer(
+        {
+            "topic": S,
+            "config": ANY,
+            "created_at": I,
+            "messages": I,
+            "bytes": I,
+            "first_seq": _nullable(I),
+            "last_seq": I,
+            "oldest_age_ms": _nullable(I),
+            "groups": _list(_ref("GroupStats")),
+            **_COUNTERS,
+        },
+        ["topic", "messages", "bytes", "groups"],
+    ),
+    "GroupList": _answer({"topic": S, "groups": _list(_ref("GroupStats"))}, ["groups"]),
+    "Published": _answer({"seq": I, "duplicate": B}, ["seq"]),
+    "PublishedBatch": _answer({"messages": _list(_ref("Published"))}, ["messages"]),
+    "Delivery": _answer(
         {
             "topic": S,
             "group": S,
@@ -111,84 +286,93 @@ SCHEMAS: dict[str, Any] = {
             "attempt": I,
             "receipt": S,
             "payload": B64,
-            "headers": H,
+            "headers": ANSWER_HEADERS,
             "published_at": I,
             "deadline": I,
-        }
+        },
+        ["seq", "attempt", "receipt", "payload"],
     ),
-    "Deliveries": _obj({"consumer": S, "deliveries": {"type": "array", "items": _ref("Delivery")}}),
-    "Receipts": _obj({"receipts": {"type": "array", "items": S}}, ["receipts"]),
-    "Nack": _obj({"receipts": {"type": "array", "items": S}, "delay": N}, ["receipts"]),
-    "Extend": _obj(
-        {"receipts": {"type": "array", "items": S}, "seconds": N}, ["receipts", "seconds"]
+    "Deliveries": _answer(
+        {"consumer": S, "deliveries": _list(_ref("Delivery"))}, ["consumer", "deliveries"]
     ),
-    "Term": _obj({"receipts": {"type": "array", "items": S}, "reason": S}, ["receipts"]),
-    "SettleResult": {
-        "type": "object",
-        "description": "counts (acked / nacked / extended / terminated, dead_lettered) and "
-        "per-receipt errors [{receipt, code, message, details}]",
-        "additionalProperties": True,
-    },
-    "Peek": _obj(
+    "SettleResult": _answer(
+        {
+            "acked": I,
+            "nacked": I,
+            "extended": I,
+            "terminated": I,
+            "dead_lettered": I,
+            "deadline": _nullable(I),
+            "errors": _list(
+                _answer(
+                    {"receipt": S, "code": S, "message": S, "details": M},
+                    ["receipt", "code", "message"],
+                )
+            ),
+        },
+        ["errors"],
+    ),
+    "Released": _answer({"consumer": S, "released": I, "dead_lettered": I}, ["released"]),
+    "Peek": _answer(
         {
             "topic": S,
-            "messages": {
-                "type": "array",
-                "items": _obj({"seq": I, "payload": B64, "headers": H, "published_at": I}),
-            },
-        }
+            "messages": _list(
+                _answer(
+                    {"seq": I, "payload": B64, "headers": ANSWER_HEADERS, "published_at": I},
+                    ["seq", "payload"],
+                )
+            ),
+        },
+        ["messages"],
     ),
-    "Redrive": _obj({"max": I}),
-    "Cluster": _obj(
+    "Redriven": _answer({"topic": S, "redriven": I, "skipped": I}, ["redriven"]),
+    "Cluster": _answer(
         {
             "node": S,
             "role": S,
-            "leader": S,
-            "leader_api": S,
+            "leader": _nullable(S),
+            "leader_api": _nullable(S),
             "term": I,
             "commit_index": I,
             "applied_index": I,
             "members": ANY,
             "running": B,
-            "error": {"type": "string", "description": "why Raft stopped (role: stopped)"},
-        }
-    ),
-    "Grant": _obj(
-        {
-            "topics": {"type": "string", "description": "a topic, a prefix such as orders.*, or *"},
-            "actions": {
-                "type": "array",
-                "items": {"type": "string", "enum": ["publish", "consume", "admin"]},
-                "minItems": 1,
-            },
+            "error": {**S, "description": "why Raft stopped (role: stopped)"},
+            "digest": {**S, "description": "with digest=1"},
         },
-        ["topics", "actions"],
+        ["node", "role", "members"],
     ),
-    "CreateToken": _obj(
+    "Membership": _answer({"added": S, "removed": S, "members": _list(S)}, ["members"]),
+    "Health": _answer(
+        {"ok": B, "node": S, "raft_error": {**S, "description": "why Raft stopped (503)"}},
+        ["ok"],
+    ),
+    "Readiness": _answer(
         {
-            "name": S,
-            "grants": {"type": "array", "items": _ref("Grant")},
-            "cluster": B,
-            "expires_in": {"type": "number", "description": "seconds from now"},
+            "ready": B,
+            "leader": _nullable(S),
+            "caught_up": B,
+            "draining": B,
+            "removed": B,
+            "raft_error": {**S, "description": "why Raft stopped"},
         },
-        ["name"],
+        ["ready"],
     ),
-    "UpdateToken": _obj(
+    "Token": _answer(
         {
+            "id": S,
             "name": S,
-            "grants": {"type": "array", "items": _ref("Grant")},
+            "token": {**S, "description": "the secret (create only, shown once)"},
+            "grants": _list(ANY),
             "cluster": B,
-            "expires_in": N,
+            "expires_at": _nullable(I),
             "disabled": B,
-        }
+            "created_at": I,
+        },
+        ["id", "name"],
     ),
-    "Token": {
-        "type": "object",
-        "description": "a token's public view (create also answers its secret: token)",
-        "additionalProperties": True,
-    },
-    "TokenList": _obj({"tokens": {"type": "array", "items": _ref("Token")}}),
-    "Empty": _obj({}),
+    "TokenList": _answer({"tokens": _list(_ref("Token"))}, ["tokens"]),
+    "Revoked": _answer({"id": S, "revoked": B}, ["id", "revoked"]),
     "Any": ANY,
 }
 
@@ -202,9 +386,12 @@ def _content(schema: str) -> dict[str, Any]:
     }
 
 
-NAME = {"type": "string", "pattern": f"^{NAME_RE.pattern}$"}
+_HEADER = {"schema": S}
+_RETRY = {"description": "seconds to wait before trying again", "schema": _int(0)}
 _PATH_PARAM = re.compile(r"{(\w+)}")
 _PATH_DOC = {"topic": "a topic name", "group": "a consumer group name"}
+_PATH_SCHEMA = {"topic": NAME, "group": NAME, "node": NAME, "token": TOKEN_ID,
+                "consumer": CONSUMER}  # fmt: skip
 
 
 def _query(q: Query) -> dict[str, Any]:
@@ -213,6 +400,8 @@ def _query(q: Query) -> dict[str, Any]:
         schema = {"type": "string", "enum": ["1", "true"]}
     elif q.choices:
         schema = {"type": "string", "enum": list(q.choices)}
+    elif q.kind == "name":
+        schema = dict(NAME)
     else:
         schema = {"type": q.kind}
         if q.lo is not None:
@@ -227,26 +416,46 @@ def _query(q: Query) -> dict[str, Any]:
     return out
 
 
+def _answer_content(answer: str) -> dict[str, Any]:
+    """``answer``: a schema's name (JSON or msgpack, as the request's Accept says), or a media
+    type the route always answers in."""
+    if answer == "text/plain":
+        return {"text/plain": {"schema": S}}
+    if answer == "application/json":
+        return {"application/json": {"schema": ANY}}
+    return _content(answer)
+
+
 def _operation(route: Route) -> dict[str, Any]:
     params: list[dict[str, Any]] = []
     for p in _PATH_PARAM.findall(route.path):
-        schema = NAME if p in ("topic", "group", "node") else S
         doc = route.params.get(p) or _PATH_DOC.get(p, p)
         params.append(
-            {"name": p, "in": "path", "required": True, "schema": schema, "description": doc}
-        )
+            {"name": p, "in": "path", "required": True, "schema": _PATH_SCHEMA.get(p, S),
+             "description": doc}
+        )  # fmt: skip
     params += [_query(q) for q in route.query]
-    if route.answer == "text/plain":
-        content: dict[str, Any] = {"text/plain": {"schema": S}}
-    else:
-        content = _content(route.answer)
+    content = _answer_content(route.answer)
     responses: dict[str, Any] = {
         str(status): {"description": "switching to WebSocket" if status == 101 else "OK"}
         | ({} if status == 101 else {"content": content})
         for status in route.ok
     }
+    if route.stream:
+        responses["307"] = {
+            "description": "a follower redirects to the leader",
+            "headers": {"Location": _HEADER, "X-Raftq-Leader": _HEADER},
+        }
     responses.setdefault("4XX", {"description": "client error", **_ERR})
-    responses.setdefault("503", {"description": "no leader / overloaded (see Retry-After)", **_ERR})
+    responses.setdefault(
+        "503",
+        {"description": "no leader / overloaded", "headers": {"Retry-After": _RETRY}, **_ERR},
+    )
+    if route.where == LEADER and not route.stream:
+        responses["504"] = {
+            "description": "outcome unknown: the command may or may not have been applied",
+            **_ERR,
+        }
     op: dict[str, Any] = {
         "summary": route.summary,
         "operationId": f"{route.method.lower()}_{route.path}",

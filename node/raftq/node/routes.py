@@ -40,7 +40,8 @@ _INT_TEXT = re.compile(r"-?[0-9]{1,19}")
 @dataclass(frozen=True)
 class Query:
     """A query parameter: ``integer`` or ``number`` (within ``lo``..``hi``), one of
-    ``choices`` (given at most once), or a ``flag`` (true when ``1`` or ``true``)."""
+    ``choices`` (given at most once), a ``name`` (a topic or group name's rules), or a
+    ``flag`` (true when ``1`` or ``true``)."""
 
     name: str
     kind: str = "integer"
@@ -55,6 +56,8 @@ class Query:
             return raw in ("1", "true")
         if raw is None or (raw == "" and self.choices):  # (format= means the default)
             return self.default
+        if self.kind == "name":
+            return commands.name(raw, self.name)
         if self.choices:
             if raw not in self.choices:
                 raise ApiError(

@@ -58,6 +58,7 @@ class NodeOptions:
     auth: bool = True
     admin_token: str | None = field(default=None, repr=False)
     auth_observe: bool = False
+    metrics_topics: int | None = 100  # per-topic metric series for the top N (None: all)
     fsync: str = "always"
     raft_max_connections: int = 64  # inbound Raft connections open at once
     raft_handshake_timeout: float = 5.0  # seconds for one to authenticate, or it is closed
@@ -149,6 +150,7 @@ async def serve(
         admin_token=opts.admin_token,
         internal_token=internal_token(key) if key else None,
         auth_observe=opts.auth_observe,
+        metrics_topics=opts.metrics_topics,
         scheme="https" if tls is not None else "http",
         peer_ssl=tls.peer if tls is not None else None,
     )

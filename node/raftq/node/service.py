@@ -26,6 +26,7 @@ from raftq.cluster.state import Broker
 from raftq.node.batcher import Batcher
 from raftq.node.commands import MAX_WAIT_S
 from raftq.node.errors import ApiError
+from raftq.node.metrics import DEFAULT_TOPICS as DEFAULT_METRICS_TOPICS
 from raftq.node.metrics import NodeMetrics
 from raftq.node.raftapi import (
     EntryTooLarge,
@@ -62,6 +63,9 @@ class NodeSettings:
     admin_token: str | None = field(default=None, repr=False)
     internal_token: str | None = field(default=None, repr=False)
     auth_observe: bool = False  # /metrics and /openapi.json need a token too
+    # Per-topic and per-group metric series for at most this many topics, those with the
+    # largest backlog (None: every topic); cluster totals are always there.
+    metrics_topics: int | None = DEFAULT_METRICS_TOPICS
     # TLS (raftq.node.tlsutil): "https" when the API serves TLS; a cluster is all-TLS or
     # all-plain, so other nodes are reached with the same scheme, through ``peer_ssl()`` (the
     # current context: it changes when the certificate is reloaded).
@@ -145,7 +149,7 @@ class BrokerService:
     def __init__(self, raft: Raft, settings: NodeSettings) -> None:
         self.raft = raft
         self.settings = settings
-        self.metrics = NodeMetrics(raft)
+        self.metrics = NodeMetrics(raft, settings.metrics_topics)
         self.batcher = Batcher(
             raft.propose,
             max_ops=settings.batch_max_ops,

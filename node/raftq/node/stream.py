@@ -41,7 +41,7 @@ socket closed under may or may not have been applied; publish again with the sam
 HTTP or a new stream) to find out without storing twice. At shutdown a publish stream stops
 reading, answers what it read, then closes (1001); consumer streams close with 1001 too. One
 whose answer cannot be sent (a client gone, or reading nothing for ``SEND_TIMEOUT``) closes
-(1008).
+(1008). A client frame that is not masked closes the socket (1002, RFC 6455; ``wsmask``).
 
 Access control: a stream authenticates at its handshake (``Authorization``, or the subprotocol
 ``bearer.<token>`` beside ``raftq``) and rechecks its token against the replicated state before
@@ -80,6 +80,7 @@ from raftq.node.errors import ApiError
 from raftq.node.messages import may_settle
 from raftq.node.routes import Query, Route, path_name, principal, query, recheck
 from raftq.node.service import BrokerService, LeaderLost
+from raftq.node.wsmask import MaskedWebSocketResponse
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class _Socket:
     @classmethod
     async def open(cls, svc: BrokerService, request: web.Request, fmt: str) -> _Socket:
         # (protocols: a browser that sent its token as a subprotocol expects one chosen)
-        ws = web.WebSocketResponse(
+        ws = MaskedWebSocketResponse(  # (an unmasked client frame closes it: 1002)
             heartbeat=10.0, max_msg_size=svc.settings.max_body, protocols=(SUBPROTOCOL,)
         )
         await ws.prepare(request)

@@ -16,13 +16,12 @@ from aiohttp import web
 
 from raftq.node import auth, commands, httpio
 from raftq.node.auth import CLUSTER, Permission
-from raftq.node.commands import BOOL, LIST, NUM, STR
+from raftq.node.commands import BOOL, LIST, MAX_EXPIRES_IN_S, NUM, STR
 from raftq.node.errors import ApiError
 from raftq.node.routes import Route
 from raftq.node.service import BrokerService
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-MAX_EXPIRES_IN_S = 10 * 365 * 86400
 _FIELDS = {"name": STR, "grants": LIST, "cluster": BOOL, "expires_in": NUM}
 
 
@@ -117,5 +116,5 @@ ROUTES = [
           "Change a token: disabled, name, grants, cluster, expires_in", body="UpdateToken",
           answer="Token", params=TOKEN, perm=MANAGE),
     Route("DELETE", "/tokens/{token}", revoke_token, "Revoke a token (at once, on every node)",
-          params=TOKEN, perm=MANAGE),
+          answer="Revoked", params=TOKEN, perm=MANAGE),
 ]  # fmt: skip

@@ -3,6 +3,8 @@ purge. Writes are one command each; reads are linearizable (``read_latest``)."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from typing import Any
 
 from aiohttp import web
@@ -10,7 +12,7 @@ from aiohttp import web
 from raftq.cluster import validate
 from raftq.node import commands, httpio
 from raftq.node.auth import ADMIN, AUTHENTICATED, BODY, PATH, TOPIC, Permission
-from raftq.node.routes import Route, path_name, principal
+from raftq.node.routes import Query, Route, path_name, principal, query
 from raftq.node.service import BrokerService
 
 
@@ -42,9 +44,22 @@ def _may_configure(request: web.Request, topic: str, configs: list[Any], new: bo
 
 
 async def list_topics(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    """A page of topic names in name order, those the token has a right on: at most
+    ``limit``, after the name ``after``; ``next`` is the ``after`` of the next page (null on
+    the last). A name cursor stays valid whatever is created or deleted meanwhile."""
     who = principal(request)
-    topics = await svc.read_latest(lambda b: b.list_topics())
-    return httpio.respond(request, {"topics": [t for t in topics if who.may(TOPIC, t)]})
+    q = query(request)
+    limit, after = q["limit"], q["after"]
+    names = sorted(await svc.read_latest(lambda b: b.list_topics()))
+    page: list[str] = []
+    more = False
+    for name in itertools.islice(names, bisect.bisect_right(names, after) if after else 0, None):
+        if who.may(TOPIC, name):
+            if len(page) == limit:
+                more = True
+                break
+            page.append(name)
+    return httpio.respond(request, {"topics": page, "next": page[-1] if more else None})
 
 
 async def create_topic(svc: BrokerService, request: web.Request) -> web.StreamResponse:
@@ -118,29 +133,40 @@ async def purge_group(svc: BrokerService, request: web.Request) -> web.StreamRes
     return httpio.respond(request, await svc.call(cmd))
 
 
+DEFAULT_LIST = 1000  # topic names per page of GET /topics
+MAX_LIST = 10_000
 T = "/topics/{topic}"
 TG = "/topics/{topic}/groups/{group}"
 SEE = Permission(TOPIC, PATH)  # stats: any right on the topic
 CONFIGURE = Permission(ADMIN, PATH)
 ROUTES = [
-    Route("GET", "/topics", list_topics, "List topic names (those the token has a right on)",
+    Route("GET", "/topics", list_topics,
+          "List topic names in name order, those the token has a right on, a page at a time",
+          query=(Query("limit", lo=1, hi=MAX_LIST, default=DEFAULT_LIST,
+                       doc=f"at most this many names (1-{MAX_LIST})"),
+                 Query("after", kind="name",
+                       doc="start after this name: the previous page's next")),
           answer="TopicList", perm=Permission(AUTHENTICATED)),
     Route("POST", "/topics", create_topic,
           "Create a topic (with groups; default group 'default'); 200 if it existed and "
           "if_not_exists was set",
-          body="CreateTopic", ok=(201, 200), perm=Permission(ADMIN, BODY)),
-    Route("GET", T, get_topic, "Topic stats, config and groups", perm=SEE),
-    Route("PATCH", T, update_topic, "Change topic config", body="UpdateTopic", perm=CONFIGURE),
-    Route("DELETE", T, delete_topic, "Delete a topic", perm=CONFIGURE),
+          body="CreateTopic", ok=(201, 200), answer="Created", perm=Permission(ADMIN, BODY)),
+    Route("GET", T, get_topic, "Topic stats, config and groups", answer="TopicStats",
+          perm=SEE),
+    Route("PATCH", T, update_topic, "Change topic config", body="UpdateTopic",
+          answer="Configured", perm=CONFIGURE),
+    Route("DELETE", T, delete_topic, "Delete a topic", answer="Deleted", perm=CONFIGURE),
     Route("POST", T + "/purge", purge_topic, "Drop every retained message", body="Empty",
-          perm=CONFIGURE),
-    Route("GET", T + "/groups", list_groups, "Group stats of a topic", perm=SEE),
+          answer="Purged", perm=CONFIGURE),
+    Route("GET", T + "/groups", list_groups, "Group stats of a topic", answer="GroupList",
+          perm=SEE),
     Route("POST", T + "/groups", create_group,
           "Create a consumer group; 200 if it existed and if_not_exists was set",
-          body="CreateGroup", ok=(201, 200), perm=CONFIGURE),
-    Route("GET", TG, get_group, "Group stats and config", perm=SEE),
-    Route("PATCH", TG, update_group, "Change group config", body="UpdateGroup", perm=CONFIGURE),
-    Route("DELETE", TG, delete_group, "Delete a group", perm=CONFIGURE),
+          body="CreateGroup", ok=(201, 200), answer="Created", perm=CONFIGURE),
+    Route("GET", TG, get_group, "Group stats and config", answer="GroupStats", perm=SEE),
+    Route("PATCH", TG, update_group, "Change group config", body="UpdateGroup",
+          answer="Configured", perm=CONFIGURE),
+    Route("DELETE", TG, delete_group, "Delete a group", answer="Deleted", perm=CONFIGURE),
     Route("POST", TG + "/purge", purge_group, "Settle everything pending in a group",
-          body="Empty", perm=CONFIGURE),
+          body="Empty", answer="Purged", perm=CONFIGURE),
 ]  # fmt: skip
