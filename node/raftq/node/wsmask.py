@@ -8,25 +8,31 @@ payload, so it costs next to nothing; at the first unmasked frame, the frames be
 passed on, nothing after, and the stream ends in aiohttp's own protocol error, on which the
 response closes with 1002 (``receive`` answers an ``ERROR`` message, then ``CLOSED``).
 
-It relies on aiohttp internals, checked here at import so that an aiohttp that changed them
-fails loudly, not silently: ``WebSocketResponse._post_start`` (where the reader is made),
-its ``_reader`` queue, and the request handler's ``_payload_parser`` and ``_message_tail``
-(bytes that came with the handshake, fed to the reader as it is installed).
+It relies on aiohttp internals, checked at import: ``WebSocketResponse._post_start`` (where
+the reader is made), its ``_reader`` queue, and the request handler's ``_payload_parser`` and
+``_message_tail`` (bytes that came with the handshake, fed to the reader as it is installed).
+An aiohttp that changed them still serves streams, without this check, and logs a warning once
+(this module's tests fail, so an upgrade that breaks it is seen).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from aiohttp import WSCloseCode, web
 from aiohttp.http_websocket import WebSocketError
 from aiohttp.web_protocol import RequestHandler
 
+log = logging.getLogger("raftq.node")
+
 _SLOTS = getattr(RequestHandler, "__slots__", None)
-if not callable(getattr(web.WebSocketResponse, "_post_start", None)) or (
-    _SLOTS is not None and not {"_payload_parser", "_message_tail"} <= set(_SLOTS)
-):  # pragma: no cover (an aiohttp this module was not written for)
-    raise ImportError("raftq.node.wsmask: this aiohttp does not have the internals it hooks")
+# An aiohttp without these internals still serves (plain responses: unmasked frames accepted,
+# as before this module), and says so once at the first stream; the tests of this module fail.
+HOOKABLE = callable(getattr(web.WebSocketResponse, "_post_start", None)) and (
+    _SLOTS is None or {"_payload_parser", "_message_tail"} <= set(_SLOTS)
+)
+_warned = False
 
 UNMASKED = "client frames must be masked (RFC 6455 5.1)"
 _LENGTH_BYTES = {126: 2, 127: 8}  # a 7-bit length of 126 / 127: the length follows in 2 / 8
@@ -104,6 +110,14 @@ class MaskedWebSocketResponse(web.WebSocketResponse):
 
     def _post_start(self, request: web.BaseRequest, protocol: str | None, writer: Any) -> None:
         handler = request.protocol
+        if not HOOKABLE or not hasattr(handler, "_payload_parser"):  # pragma: no cover
+            global _warned
+            if not _warned:
+                _warned = True
+                log.warning("this aiohttp lacks the internals wsmask hooks: unmasked WebSocket"
+                            " frames are not refused")  # fmt: skip
+            super()._post_start(request, protocol, writer)
+            return
         scanner = FrameScanner()
         # Bytes a client sent along with its handshake reach the reader as it is installed.
         tail = handler._message_tail
