@@ -2,7 +2,8 @@
 
 Every server error arrives as ``{"code", "message", "details"}``; the client maps ``code`` to one
 class below and sets each entry of ``details`` as an attribute (``TopicFull.max_messages``,
-``MessageTooLarge.size``...). Timeouts are also ``TimeoutError``.
+``MessageTooLarge.size``...). Timeouts are also ``TimeoutError``. ``retry_after``: the seconds
+the server asked the client to wait (its ``Retry-After``, on 429 and 503), else None.
 
     RaftqError                          .code .status .message .details
     ├── InvalidArgument                 invalid_argument (400)
@@ -37,6 +38,7 @@ from typing import Any, ClassVar
 
 class RaftqError(Exception):
     code: ClassVar[str] = "error"
+    retry_after: float | None = None  # the server's Retry-After, in seconds
 
     def __init__(
         self,
@@ -181,6 +183,7 @@ BY_CODE.update(
         "shutting_down": Unavailable,
         "outcome_unknown": UnknownOutcome,
         "malformed_body": InvalidArgument,
+        "malformed_request": InvalidArgument,
         "unknown_field": InvalidArgument,
         "unsupported_media_type": InvalidArgument,
         "not_acceptable": InvalidArgument,
