@@ -101,6 +101,8 @@ def _errors(svc: BrokerService) -> Middleware:
             resp = httpio.error_response(err)
             if "Allow" in e.headers:  # a 405 says what is allowed (RFC 9110)
                 resp.headers["Allow"] = e.headers["Allow"]
+            if e.status == 413:  # (as httpio.read_raw: the rest of the body is no request)
+                resp.force_close()
             return resp
         except ApiError as e:
             status = e.status

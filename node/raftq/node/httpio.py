@@ -35,7 +35,10 @@ async def read_raw(request: web.Request) -> bytes:
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge as e:
-        raise ApiError("body_too_large", e.text or "request body too large") from None
+        # Answered, then the connection is closed (after aiohttp has read, for a moment, what
+        # the client still sends: no reset to lose the answer): whatever follows the part
+        # read is not a request.
+        raise ApiError("body_too_large", e.text or "request body too large", close=True) from None
     except web.RequestPayloadError as e:  # a Content-Encoding that does not decode, a cut body
         # The rest of the body cannot be skipped: answer, then close the connection (aiohttp
         # would fail again reading the rest, and log that as unhandled).
