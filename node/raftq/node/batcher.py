@@ -42,7 +42,7 @@ class Batcher:
         max_bytes: int = 4 << 20,
         linger: float = 0.001,
         max_inflight: int = 4,
-        max_queue: int = 4096,
+        max_queue: int = 2048,
         timeout: float = 5.0,
         on_batch: OnBatch | None = None,
         splittable: Callable[[BaseException], bool] = lambda e: False,

@@ -145,9 +145,9 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--max-queue",
         type=int,
-        default=_env("MAX_QUEUE", "4096"),
+        default=_env("MAX_QUEUE", "2048"),
         help="commands waiting for group commit at most; beyond, writes are answered 503"
-        " overloaded with Retry-After [RAFTQ_MAX_QUEUE] (default 4096)",
+        " overloaded with Retry-After [RAFTQ_MAX_QUEUE] (default 2048)",
     )
     p.add_argument(
         "--idle-timeout",

@@ -58,7 +58,7 @@ class NodeOptions:
     shutdown_timeout: float = 15.0
     max_inflight: int = 4
     batch_linger: float = 0.001
-    max_queue: int = 4096  # commands waiting for group commit; beyond: 503 overloaded
+    max_queue: int = 2048  # commands waiting for group commit (4 full batches); beyond: 503
     # The API listener (raftq.node.httplimits): idle / header-read timeout, connection cap
     # (None: from ulimit -n).
     idle_timeout: float = 60.0

@@ -53,7 +53,7 @@ class NodeSettings:
     batch_max_bytes: int = 1 << 20
     batch_linger: float = 0.001
     max_inflight: int = 4
-    max_queue: int = 4096  # commands waiting for group commit; beyond: 503 overloaded
+    max_queue: int = 2048  # commands waiting for group commit (4 full batches); beyond: 503
     propose_timeout: float = 5.0
     proxy_timeout: float = MAX_WAIT_S + 15.0
     retry_after: int = 1
