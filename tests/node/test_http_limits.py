@@ -128,6 +128,16 @@ def test_a_request_whose_head_never_ends_is_closed(node: Node) -> None:
         assert closed_by_peer(s, within=10, trickle=b"X-Slow: 1\r\n")
 
 
+def test_a_request_body_that_never_ends_is_answered_408_and_closed(node: Node) -> None:
+    head = (
+        b"POST /topics HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Authorization: Bearer %s\r\nContent-Length: 100\r\n\r\n{"topic"'
+    ) % ADMIN_TOKEN.encode()
+    answer = exchange(node, head, within=10)  # (before: held open for good)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["code"] == "request_timeout"
+
+
 @pytest.mark.parametrize(
     "head",
     [

@@ -181,6 +181,7 @@ BY_CODE.update(
         "no_leader": Unavailable,
         "overloaded": Unavailable,
         "shutting_down": Unavailable,
+        "request_timeout": Unavailable,  # (the body did not arrive: nothing was done)
         "outcome_unknown": UnknownOutcome,
         "malformed_body": InvalidArgument,
         "malformed_request": InvalidArgument,

@@ -229,6 +229,8 @@ def build_app(
     routes = all_routes() if routes is None else list(routes)
     app = web.Application(client_max_size=settings.max_body, middlewares=[_errors(svc)])
     app[SERVICE] = svc
+    if settings.body_timeout is not None:
+        app[httpio.BODY_TIMEOUT] = settings.body_timeout
     app[ops.FORWARDER] = fwd
     app[STREAMS] = streams
     app[ops.DOCUMENT] = document(routes)

@@ -153,8 +153,8 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--idle-timeout",
         type=float,
         default=_env("IDLE_TIMEOUT", "60"),
-        help="close an API connection idle, or whose request head is unfinished, for this"
-        " many seconds [RAFTQ_IDLE_TIMEOUT] (default 60)",
+        help="close an API connection idle, or whose request head (or body: 408) is"
+        " unfinished, for this many seconds [RAFTQ_IDLE_TIMEOUT] (default 60)",
     )
     p.add_argument(
         "--max-connections",

@@ -38,6 +38,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "unsupported_media_type": 415,
     "not_acceptable": 406,
     "body_too_large": 413,
+    "request_timeout": 408,  # the request body did not arrive in time (--idle-timeout)
     "entry_too_large": 413,
     "route_not_found": 404,
     "method_not_allowed": 405,

@@ -139,6 +139,7 @@ async def serve(
         max_inflight=opts.max_inflight,
         batch_linger=opts.batch_linger,
         max_queue=opts.max_queue,
+        body_timeout=opts.idle_timeout,
         auth=opts.auth,
         admin_token=opts.admin_token,
         internal_token=internal_token(key) if key else None,

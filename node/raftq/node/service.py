@@ -57,6 +57,7 @@ class NodeSettings:
     propose_timeout: float = 5.0
     proxy_timeout: float = MAX_WAIT_S + 15.0
     retry_after: int = 1
+    body_timeout: float | None = None  # seconds for a request body to arrive (None: no bound)
     # Access control (raftq.node.auth): on unless turned off; the bootstrap admin token and
     # the node's internal credential (derived from the cluster secret) are never logged.
     auth: bool = True
