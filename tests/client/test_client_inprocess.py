@@ -92,8 +92,10 @@ async def test_server_errors_become_typed_exceptions_with_data(
         with pytest.raises(TopicExists):
             await c.create_topic(topic)
         await c.publish(topic, b"a")
-        with pytest.raises(TopicFull):
-            await c.publish(topic, b"b")
+        async with AsyncClient(url, timeout=0.5) as impatient:
+            with pytest.raises(TopicFull) as full:  # (Retry-After: 1 is past its deadline)
+                await impatient.publish(topic, b"b")
+            assert full.value.retry_after == 1.0
         [m] = await c.receive(topic, wait=1)
         await m.ack()
         with pytest.raises(ReceiptStale):

@@ -167,6 +167,23 @@ async def test_a_refusal_over_the_stream_is_the_callers_answer() -> None:
     assert [how for how, _ in got] == ["http", "stream"]  # not sent again
 
 
+@pytest.mark.parametrize("code", ["overloaded", "topic_full"])
+async def test_a_refusal_with_retry_after_over_the_stream_waits_then_goes_over_http(
+    code: str,
+) -> None:
+    def on_frame(frame: dict[str, Any]) -> Any:
+        return {**error_frame(code)(frame), "retry_after": 1}
+
+    app, got = scripted(on_frame)
+    async with serve(app) as (url, _), AsyncClient(url, timeout=5.0) as c:
+        await c.publish("t", b"warm-up")
+        await until(lambda: stream_open(c))
+        t0 = time.monotonic()
+        assert await c.publish("t", b"p") == 7
+        assert time.monotonic() - t0 >= 1.0  # the server's Retry-After, not the 50 ms backoff
+    assert [how for how, _ in got] == ["http", "stream", "http"]
+
+
 async def test_a_server_without_a_publish_stream_is_not_asked_again_at_every_publish() -> None:
     app, _ = scripted(lambda f: None, stream=False)
     async with serve(app) as (url, seen), AsyncClient(url, timeout=5.0) as c:

@@ -5,6 +5,7 @@ retried, as ``raftq.client.transport`` and client/raftq/client/DESIGN.md describ
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from raftq.client import (
     Client,
     ProtocolError,
     TopicExists,
+    TopicFull,
     Unavailable,
     UnknownOutcome,
 )
@@ -281,6 +283,51 @@ def test_a_definite_error_is_raised_at_once() -> None:
 
     for got, t, _ in run_both(lambda c: c.create_topic("t"), script):
         assert isinstance(got, TopicExists), got
+        assert len(t.calls) == 1
+
+
+def refused(status: int, code: str, retry_after: str | None) -> Response:
+    body = {"code": code, "message": code, "details": {}}
+    return (
+        reply(status, body) if retry_after is None else reply(status, body, retry_after=retry_after)
+    )
+
+
+def test_overloaded_and_topic_full_are_retried_after_the_servers_retry_after() -> None:
+    at: list[float] = []
+
+    def script(call: Call, n: int) -> Response | Exception:
+        at.append(time.monotonic())
+        if n % 3 == 1:
+            return refused(503, "overloaded", "1")
+        if n % 3 == 2:
+            return refused(429, "topic_full", "1")
+        return reply(200, TOPICS)
+
+    for got, t, c in run_both(lambda c: c.list_topics(), script, timeout=10):
+        assert got == ["a"]
+        assert len(t.calls) == 3 and c.retries == 2
+        first, second, third = at[-3:]
+        assert second - first >= 1.0 and third - second >= 1.0  # (not the 50 ms backoff)
+
+
+def test_a_retry_after_past_the_callers_deadline_is_the_error_at_once() -> None:
+    for status, code, kind in ((503, "overloaded", Unavailable), (429, "topic_full", TopicFull)):
+
+        def script(call: Call, n: int, status: int = status, code: str = code) -> Response:
+            return refused(status, code, "3600")
+
+        for got, t, _ in run_both(lambda c: c.list_topics(), script, timeout=5):
+            assert isinstance(got, kind) and got.server_code == code, got
+            assert got.retry_after == 30.0  # (capped)
+            assert len(t.calls) == 1  # no try could be made in time: not waited for
+
+
+def test_a_429_without_retry_after_is_not_retried() -> None:
+    for got, t, _ in run_both(
+        lambda c: c.list_topics(), lambda call, n: refused(429, "topic_full", None)
+    ):
+        assert isinstance(got, TopicFull) and got.retry_after is None
         assert len(t.calls) == 1
 
 

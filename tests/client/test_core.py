@@ -165,3 +165,22 @@ def test_the_topic_list_is_followed_only_while_its_cursor_moves_forward() -> Non
     assert core.next_topics_page({"topics": ["a"]}, None) is None  # (an older node: one page)
     assert core.next_topics_page({"topics": [], "next": "a"}, "b") is None  # (no progress)
     assert core.next_topics_page({"topics": [], "next": 7}, None) is None
+
+
+def test_retry_after_is_read_as_seconds_or_a_date_and_capped() -> None:
+    now = 1_000_000_000.0
+    assert core.parse_retry_after("5", lambda: now) == 5.0
+    assert core.parse_retry_after(" 0 ", lambda: now) == 0.0
+    assert core.parse_retry_after("86400", lambda: now) == core.RETRY_AFTER_CAP
+    date = "Sun, 09 Sep 2001 01:46:50 GMT"  # now + 10 s
+    assert core.parse_retry_after(date, lambda: now) == pytest.approx(10.0)
+    assert core.parse_retry_after(date, lambda: now + 60) == 0.0  # (in the past)
+    for junk in (None, "", "-1", "1.5", "soon", "Sun, 09 Sep 2001 01:46:50"):
+        assert core.parse_retry_after(junk, lambda: now) is None
+
+
+def test_no_leaders_retry_after_does_not_slow_the_election_polling() -> None:
+    err = errors.error_from_body(503, {"code": "no_leader", "message": "m", "details": {}})
+    err.retry_after = 1.0
+    delay = core.retry_delay(err, core.Request("GET", "/x"), 10, 5.0)
+    assert delay is not None and delay <= core.NO_LEADER_CAP

@@ -118,3 +118,22 @@ async def test_a_request_cancelled_while_its_batch_is_split_is_never_proposed() 
     finally:
         await b.stop()
     assert [[c["n"] for c in batch] for batch in fake.batches] == [[1]]
+
+
+async def test_commands_past_the_queue_bound_are_refused_at_once_not_queued() -> None:
+    fake = FakePropose(delay=0.2)
+    b = Batcher(fake, max_ops=1, max_inflight=1, max_queue=3)
+    b.start()
+    try:
+        outcomes = await asyncio.gather(
+            *(b.submit({"n": i}) for i in range(10)), return_exceptions=True
+        )
+        # The node's own commands (ticks, releases) are not refused.
+        internal = await asyncio.gather(*(b.submit({"n": i}, bounded=False) for i in range(5)))
+    finally:
+        await b.stop()
+    refused = [o for o in outcomes if isinstance(o, QueueFull)]
+    done = [o for o in outcomes if isinstance(o, dict)]
+    assert len(refused) == 7 and len(done) == 3  # 3 waited; the rest were told at once
+    assert [r["echo"] for r in internal] == list(range(5))
+    assert sum(len(batch) for batch in fake.batches) == 3 + 5  # refused ones never proposed

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import secrets
 import ssl
@@ -29,7 +30,14 @@ from raftq.client import _requests as rq
 from raftq.client import _tls
 from raftq.client._coalesce import Coalescer
 from raftq.client._message import Delivery
-from raftq.client.errors import RaftqError, TLSError, Unavailable, UnknownOutcome, error_from_body
+from raftq.client.errors import (
+    RaftqError,
+    TLSError,
+    TopicFull,
+    Unavailable,
+    UnknownOutcome,
+    error_from_body,
+)
 from raftq.client.transport import AsyncTransport, TLSFailed, tls_failure
 
 # A node that does not accept a connection within this long is taken for down (they are on a
@@ -152,7 +160,9 @@ class _Stream:
                 if kind == "result":
                     fut.set_result(obj["result"])
                 else:
-                    fut.set_exception(error_from_body(400, obj))
+                    err = error_from_body(400, obj)
+                    err.retry_after = core.parse_retry_after(obj.get("retry_after"))
+                    fut.set_exception(err)
         finally:
             self.close_code = self.ws.close_code
             for fut in self._calls.values():
@@ -543,7 +553,12 @@ class AsyncClient:
             leader = resp.headers.get("x-raftq-leader")
             if leader:
                 self.endpoints.learn(leader)
-            return core.decode(resp.status, resp.headers.get("content-type"), resp.body)
+            return core.decode(
+                resp.status,
+                resp.headers.get("content-type"),
+                resp.body,
+                resp.headers.get("retry-after"),
+            )
 
     # ------------------------------------------------------------------ cluster
 
@@ -683,7 +698,8 @@ class AsyncClient:
         if coalescer is None:
 
             async def send(messages: list[dict[str, Any]]) -> list[Any]:
-                res = await self._publish(topic, messages)
+                # (a batch refused as full is split at once: each message then waits alone)
+                res = await self._publish(topic, messages, wait_full=len(messages) == 1)
                 return [int(m["seq"]) for m in res["messages"]]
 
             coalescer = self._coalescers[topic] = Coalescer(send)
@@ -695,16 +711,19 @@ class AsyncClient:
         res = await self._publish(topic, body["messages"])
         return [int(m["seq"]) for m in res["messages"]]
 
-    async def _publish(self, topic: str, messages: list[dict[str, Any]]) -> Any:
+    async def _publish(
+        self, topic: str, messages: list[dict[str, Any]], wait_full: bool = True
+    ) -> Any:
         """One publish request: over the publish stream when one is open, else (or when the
         stream cannot give a definite answer) over HTTP, with the same idempotency keys."""
         publisher = self._publisher
         st = publisher.get() if publisher is not None else None
+        req = dataclasses.replace(rq.publish_batch(topic, messages), wait_full=wait_full)
         if st is None or publisher is None:
-            return await self.request(rq.publish_batch(topic, messages))
+            return await self.request(req)
         end = time.monotonic() + self.timeout
         unknown: UnknownOutcome | None = None
-        refused: Unavailable | None = None
+        refused: RaftqError | None = None
         try:
             body = {"topic": topic, "messages": messages}
             # (half the budget at most: a silent stream leaves time for the HTTP try)
@@ -717,11 +736,13 @@ class AsyncClient:
                 unknown = UnknownOutcome(f"{st.url}: the publish stream gave no answer")
         except UnknownOutcome as e:
             unknown = e
-        except Unavailable as e:  # not applied (no leader there, stopping, overloaded)
+        except (Unavailable, TopicFull) as e:  # not applied (no leader, stopping, overloaded...)
             refused = e
-        req = rq.publish_batch(topic, messages)
-        if refused is not None:  # back off first, as HTTP would
-            await asyncio.sleep(core.retry_delay(refused, req, 0, end - time.monotonic()) or 0)
+        if refused is not None:  # back off first (Retry-After), as HTTP would
+            delay = core.retry_delay(refused, req, 0, end - time.monotonic())
+            if delay is None and isinstance(refused, TopicFull):
+                raise refused  # (full, and no retry in time)
+            await asyncio.sleep(delay or 0)
         return await self.request(req, timeout=max(0.0, end - time.monotonic()), unknown=unknown)
 
     # ------------------------------------------------------------------ consume

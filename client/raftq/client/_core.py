@@ -3,11 +3,19 @@
 Nothing here does I/O or sleeps. ``AsyncClient`` and ``Client`` run the same loop around it:
 ``prepare`` a request, send it to ``Endpoints.pick()``, feed the answer to ``interpret``, and on an
 error ask ``retry_delay`` whether (and after how long) to try again before the deadline.
+
+A server that says when to come back (``Retry-After`` on a 429 ``topic_full`` or a 503
+``overloaded``) is taken at its word: the next try waits that long (at most
+``RETRY_AFTER_CAP``, with a little jitter so refused clients do not return together), or, when
+that is past the caller's deadline, the error is raised at once. A 429 without it is not
+retried. ``no_leader`` and ``shutting_down`` keep their own quicker rhythm: an election ends
+within about one election timeout, and a stopping node is passed over for another.
 """
 
 from __future__ import annotations
 
 import base64
+import email.utils
 import itertools
 import json
 import random
@@ -26,6 +34,7 @@ from raftq.client.errors import (
     RaftqError,
     RaftqTimeout,
     TLSError,
+    TopicFull,
     Unavailable,
     UnknownOutcome,
     error_from_body,
@@ -39,6 +48,8 @@ BACKOFF_CAP = 1.0
 # A live node said "no leader": an election is under way and ends within about one election
 # timeout, so poll it often (a 1 s backoff made a 1.3 s election look like 2 s to publishers).
 NO_LEADER_CAP = 0.15
+RETRY_AFTER_CAP = 30.0  # the longest Retry-After honoured
+RETRY_AFTER_JITTER = 0.1  # waits Retry-After x [1, 1.1]
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,9 @@ class Request:
     hold: float = 0.0
     # ack / nack / extend / term: a retry of one that was applied finds its receipts stale.
     settle: bool = False
+    # A 429 topic_full with Retry-After is tried again after it (False: raised at once; the
+    # coalescer splits a refused batch, and each message then waits on its own).
+    wait_full: bool = True
 
 
 @dataclass(frozen=True)
@@ -181,8 +195,11 @@ def _b64_payloads(obj: Any) -> Any:
     return obj
 
 
-def decode(status: int, content_type: str | None, data: bytes) -> Any:
-    """Decode a response body, or raise the error it carries."""
+def decode(
+    status: int, content_type: str | None, data: bytes, retry_after: str | None = None
+) -> Any:
+    """Decode a response body, or raise the error it carries (with the response's
+    ``Retry-After`` header, parsed, as its ``retry_after``)."""
     ctype = (content_type or "").split(";")[0].strip()
     body: Any = None
     if data:
@@ -198,7 +215,9 @@ def decode(status: int, content_type: str | None, data: bytes) -> Any:
                 f"undecodable {ctype or 'response'} body: {e}", status=status
             ) from e
     if status >= 400:
-        raise error_from_body(status, body)
+        err = error_from_body(status, body)
+        err.retry_after = parse_retry_after(retry_after)
+        raise err
     if ctype == JSON:
         body = _unb64_deliveries(body)
     return body
@@ -213,6 +232,33 @@ def _unb64_deliveries(body: Any) -> Any:
                     if isinstance(m, dict) and isinstance(m.get("payload"), str):
                         m["payload"] = base64.b64decode(m["payload"])
     return body
+
+
+def parse_retry_after(value: Any, now: Callable[[], float] = time.time) -> float | None:
+    """A ``Retry-After`` value in seconds (delay-seconds or an HTTP-date, RFC 9110 10.2.3),
+    within [0, ``RETRY_AFTER_CAP``]; None if absent or unreadable."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if text.isascii() and text.isdigit():
+        seconds = float(text)
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - now()
+    return min(max(0.0, seconds), RETRY_AFTER_CAP)
+
+
+def server_wait(err: RaftqError) -> float | None:
+    """How long the server asked us to wait before trying again (None: it did not say, or
+    the code keeps its own rhythm: see the module docstring)."""
+    if err.server_code in ("no_leader", "shutting_down"):
+        return None
+    return err.retry_after
 
 
 def is_redirect(status: int) -> bool:
@@ -232,6 +278,13 @@ def retry_delay(err: RaftqError, req: Request, attempt: int, remaining: float) -
     """Seconds to wait before trying again, or None to raise ``err`` now."""
     if isinstance(err, UnknownOutcome) and not req.idempotent:
         return None
+    wait = server_wait(err)
+    if isinstance(err, TopicFull) and not req.wait_full:
+        return None
+    if wait is not None and (isinstance(err, Unavailable | TopicFull) or err.status == 429):
+        if wait > remaining:
+            return None  # no try could be made in time: the server's answer now
+        return min(remaining, wait * random.uniform(1.0, 1.0 + RETRY_AFTER_JITTER))
     if not isinstance(err, Unavailable) or isinstance(err, TLSError) or remaining <= 0:
         return None  # (a TLS failure is a configuration error: retrying would only hide it)
     cap = NO_LEADER_CAP if err.server_code == "no_leader" else BACKOFF_CAP

@@ -195,7 +195,12 @@ class Client:
                 continue
             if leader:
                 self.endpoints.learn(leader)
-            return core.decode(resp.status, resp.headers.get("content-type"), resp.body)
+            return core.decode(
+                resp.status,
+                resp.headers.get("content-type"),
+                resp.body,
+                resp.headers.get("retry-after"),
+            )
 
     # ------------------------------------------------------------------ cluster
 

@@ -2,7 +2,8 @@
 
 Every server error arrives as ``{"code", "message", "details"}``; the client maps ``code`` to one
 class below and sets each entry of ``details`` as an attribute (``TopicFull.max_messages``,
-``MessageTooLarge.size``...). Timeouts are also ``TimeoutError``.
+``MessageTooLarge.size``...). Timeouts are also ``TimeoutError``. ``retry_after``: the seconds
+the server asked the client to wait (its ``Retry-After``, on 429 and 503), else None.
 
     RaftqError                          .code .status .message .details
     ├── InvalidArgument                 invalid_argument (400)
@@ -37,6 +38,7 @@ from typing import Any, ClassVar
 
 class RaftqError(Exception):
     code: ClassVar[str] = "error"
+    retry_after: float | None = None  # the server's Retry-After, in seconds
 
     def __init__(
         self,
@@ -180,8 +182,10 @@ BY_CODE.update(
         "overloaded": Unavailable,
         "shutting_down": Unavailable,
         "removed_from_cluster": Unavailable,  # (another node serves)
+        "request_timeout": Unavailable,  # (the body did not arrive: nothing was done)
         "outcome_unknown": UnknownOutcome,
         "malformed_body": InvalidArgument,
+        "malformed_request": InvalidArgument,
         "unknown_field": InvalidArgument,
         "unsupported_media_type": InvalidArgument,
         "not_acceptable": InvalidArgument,

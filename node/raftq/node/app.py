@@ -101,6 +101,8 @@ def _errors(svc: BrokerService) -> Middleware:
             resp = httpio.error_response(err)
             if "Allow" in e.headers:  # a 405 says what is allowed (RFC 9110)
                 resp.headers["Allow"] = e.headers["Allow"]
+            if e.status == 413:  # (as httpio.read_raw: the rest of the body is no request)
+                resp.force_close()
             return resp
         except ApiError as e:
             status = e.status
@@ -227,6 +229,8 @@ def build_app(
     routes = all_routes() if routes is None else list(routes)
     app = web.Application(client_max_size=settings.max_body, middlewares=[_errors(svc)])
     app[SERVICE] = svc
+    if settings.body_timeout is not None:
+        app[httpio.BODY_TIMEOUT] = settings.body_timeout
     app[ops.FORWARDER] = fwd
     app[STREAMS] = streams
     app[ops.DOCUMENT] = document(routes)

@@ -7,6 +7,11 @@ as one entry, with up to ``max_inflight`` proposes outstanding at once, so throu
 bounded by one replication round trip.
 A request cancelled before its command was proposed is dropped from the batch: its outcome is
 then "not done", which keeps every outcome definite.
+
+The queue is bounded (``max_queue`` commands waiting to be proposed): beyond it ``submit``
+raises ``QueueFull`` at once (the node answers 503 ``overloaded`` with ``Retry-After``), so
+under more load than Raft can commit, callers are told to back off instead of each waiting
+longer than the last. Internal commands (ticks, releases) pass ``bounded=False``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from raftq.node.raftapi import QueueFull
 
 Propose = Callable[[list[dict[str, Any]], float], Awaitable[list[dict[str, Any]]]]
 OnBatch = Callable[[int, float], None]
@@ -35,6 +42,7 @@ class Batcher:
         max_bytes: int = 4 << 20,
         linger: float = 0.001,
         max_inflight: int = 4,
+        max_queue: int = 2048,
         timeout: float = 5.0,
         on_batch: OnBatch | None = None,
         splittable: Callable[[BaseException], bool] = lambda e: False,
@@ -44,6 +52,7 @@ class Batcher:
         self.max_ops = max_ops
         self.max_bytes = max_bytes
         self.linger = linger
+        self.max_queue = max_queue
         self.timeout = timeout
         self._on_batch = on_batch
         self._queue: deque[tuple[dict[str, Any], int, asyncio.Future[dict[str, Any]]]] = deque()
@@ -71,7 +80,11 @@ class Batcher:
             if not fut.done():
                 fut.cancel()
 
-    async def submit(self, command: dict[str, Any], size: int = 0) -> dict[str, Any]:
+    async def submit(
+        self, command: dict[str, Any], size: int = 0, bounded: bool = True
+    ) -> dict[str, Any]:
+        if bounded and len(self._queue) >= self.max_queue:
+            raise QueueFull(f"{len(self._queue)} commands already wait for group commit")
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._queue.append((command, size, fut))
         self._wake.set()

@@ -185,6 +185,27 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="group-commit gathering time in ms [RAFTQ_BATCH_LINGER_MS] (default 1)",
     )
     p.add_argument(
+        "--max-queue",
+        type=int,
+        default=_env("MAX_QUEUE", "2048"),
+        help="commands waiting for group commit at most; beyond, writes are answered 503"
+        " overloaded with Retry-After [RAFTQ_MAX_QUEUE] (default 2048)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=_env("IDLE_TIMEOUT", "60"),
+        help="close an API connection idle, or whose request head (or body: 408) is"
+        " unfinished, for this many seconds [RAFTQ_IDLE_TIMEOUT] (default 60)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=_env("MAX_CONNECTIONS"),
+        help="open API connections at most; beyond, new ones get 503 overloaded and are"
+        " closed [RAFTQ_MAX_CONNECTIONS] (default: 3/4 of ulimit -n, at most 10000)",
+    )
+    p.add_argument(
         "--shutdown-timeout",
         type=float,
         default=_env("SHUTDOWN_TIMEOUT", "15"),
@@ -241,6 +262,9 @@ def _run_node(args: argparse.Namespace) -> int:
         ("--max-body", args.max_body, 1),
         ("--max-inflight", args.max_inflight, 1),
         ("--batch-linger-ms", args.batch_linger_ms, 0),
+        ("--max-queue", args.max_queue, 1),
+        ("--idle-timeout", args.idle_timeout, 0.1),
+        ("--max-connections", 1 if args.max_connections is None else args.max_connections, 1),
         ("--shutdown-timeout", args.shutdown_timeout, 1),
         ("--raft-max-connections", args.raft_max_connections, 1),
         ("--raft-handshake-timeout", args.raft_handshake_timeout, 0.01),
@@ -283,6 +307,9 @@ def _run_node(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         max_inflight=max(1, args.max_inflight),
         batch_linger=max(0.0, args.batch_linger_ms / 1000),
+        max_queue=args.max_queue,
+        idle_timeout=args.idle_timeout,
+        max_connections=args.max_connections,
         tls_cert=args.tls_cert or None,
         tls_key=args.tls_key or None,
         tls_client_ca=args.tls_client_ca or None,

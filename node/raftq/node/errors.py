@@ -3,7 +3,8 @@
 Every error response is ``{"code", "message", "details"}``. Domain codes come from
 ``raftq.cluster.errors`` (the state machine); the node adds codes for transport-level problems
 (malformed bodies, no leader, unknown outcome). ``STATUS_BY_CODE`` is the only place that decides
-a status; a test checks it covers every domain error class.
+a status; a test checks it covers every domain error class. Every 429 and 503 carries
+``Retry-After`` (``RETRY_AFTER_S``, unless the raiser names its own delay).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ STATUS_BY_CODE: dict[str, int] = {
     "unauthenticated": 401,  # no token, or one that is invalid, disabled or expired
     "forbidden": 403,  # a valid token without the right (names the action and topic)
     "malformed_body": 400,
+    "malformed_request": 400,  # not HTTP aiohttp can parse (a huge header, a NUL in one...)
     "unknown_field": 400,
     "unsupported_media_type": 415,
     "not_acceptable": 406,
     "body_too_large": 413,
+    "request_timeout": 408,  # the request body did not arrive in time (--idle-timeout)
     "entry_too_large": 413,
     "route_not_found": 404,
     "method_not_allowed": 405,
@@ -49,6 +52,18 @@ STATUS_BY_CODE: dict[str, int] = {
     "shutting_down": 503,
     "outcome_unknown": 504,
     "internal": 500,
+}
+
+
+# Seconds a client should wait before trying again, by code (the ``Retry-After`` header):
+# a full topic drains as consumers ack, an overloaded leader works through its queue, an
+# election ends within about one election timeout.
+RETRY_AFTER_S: dict[str, int] = {
+    "topic_full": 1,
+    "overloaded": 1,
+    "no_leader": 1,
+    "shutting_down": 1,
+    "removed_from_cluster": 1,
 }
 
 
@@ -74,7 +89,7 @@ class ApiError(Exception):
         self.code = code
         self.message = message
         self.details = details or {}
-        self.retry_after = retry_after
+        self.retry_after = RETRY_AFTER_S.get(code) if retry_after is None else retry_after
         self.close = close  # close the connection after answering (unread request bytes)
         self.headers = headers or {}  # response headers of its own (WWW-Authenticate)
 

@@ -1,14 +1,19 @@
 """Reading HTTP requests and writing responses in the negotiated format (``codec``'s rules
-applied to aiohttp requests). Errors are always answered as JSON."""
+applied to aiohttp requests). Errors are always answered as JSON. A request body must arrive
+within ``app[BODY_TIMEOUT]`` seconds (the node's ``--idle-timeout``), else 408 and the
+connection closes: a body that never ends would hold its connection for good."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import web
 
 from raftq.node import codec
 from raftq.node.errors import ApiError
+
+BODY_TIMEOUT: web.AppKey[float] = web.AppKey("body_timeout", float)
 
 
 def is_msgpack_request(request: web.BaseRequest) -> bool:
@@ -32,10 +37,22 @@ def query_one(request: web.BaseRequest, name: str) -> str | None:
 
 
 async def read_raw(request: web.Request) -> bytes:
+    timeout = request.app.get(BODY_TIMEOUT)
     try:
-        return await request.read()
+        async with asyncio.timeout(timeout):
+            return await request.read()
+    except TimeoutError:
+        request.content.feed_eof()  # (answer and close now: no waiting for the rest)
+        raise ApiError(
+            "request_timeout",
+            f"the request body did not arrive within {timeout:g} s",
+            close=True,
+        ) from None
     except web.HTTPRequestEntityTooLarge as e:
-        raise ApiError("body_too_large", e.text or "request body too large") from None
+        # Answered, then the connection is closed (after aiohttp has read, for a moment, what
+        # the client still sends: no reset to lose the answer): whatever follows the part
+        # read is not a request.
+        raise ApiError("body_too_large", e.text or "request body too large", close=True) from None
     except web.RequestPayloadError as e:  # a Content-Encoding that does not decode, a cut body
         # The rest of the body cannot be skipped: answer, then close the connection (aiohttp
         # would fail again reading the rest, and log that as unhandled).

@@ -11,7 +11,10 @@ connection dropped.)
 Each accepted connection's first byte is peeked at (not read): a TLS handshake starts with 0x16
 and is handed, untouched, to aiohttp's server with the TLS context; anything else is read up to
 the end of its head, answered and closed. A connection that sends nothing for ``PEEK_S`` seconds,
-or does not finish its handshake within ``HANDSHAKE_S``, is closed.
+or does not finish its handshake within ``HANDSHAKE_S``, is closed. With ``protocols``
+(``httplimits.ApiProtocols``), connections are served by its handlers and count against its cap
+from accept to close; one past the cap is closed at once (a plain 503 cannot be said before
+the handshake).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from raftq.node.commands import host_port
+from raftq.node.httplimits import ACCEPT_FAILED, REFUSED, ApiProtocols
 
 log = logging.getLogger("raftq.node")
 
@@ -42,7 +46,10 @@ TLS_HANDSHAKE = 0x16  # the content type of a TLS record carrying a ClientHello
 class HttpsSite(web.BaseSite):
     """Like ``web.TCPSite(runner, host, port, ssl_context=...)``, plus the plain-HTTP answer."""
 
-    __slots__ = ("_accepting", "_host", "_listeners", "_port", "_require_client_cert", "_serving")
+    __slots__ = (
+        "_accepting", "_host", "_listeners", "_port", "_protocols", "_require_client_cert",
+        "_serving",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -53,6 +60,7 @@ class HttpsSite(web.BaseSite):
         *,
         require_client_cert: bool = False,
         backlog: int = 128,
+        protocols: ApiProtocols | None = None,
     ) -> None:
         """``require_client_cert``: serve only connections that presented a client certificate
         (``ssl_context`` verifies those presented: ``CERT_OPTIONAL``); the others are answered
@@ -61,6 +69,7 @@ class HttpsSite(web.BaseSite):
         if require_client_cert and ssl_context.verify_mode == ssl.CERT_NONE:
             raise ValueError("require_client_cert needs a context that verifies client certs")
         self._require_client_cert = require_client_cert
+        self._protocols = protocols
         self._host = host
         self._port = port
         self._listeners: list[socket.socket] = []
@@ -127,8 +136,13 @@ class HttpsSite(web.BaseSite):
             try:
                 conn, _ = await loop.sock_accept(listener)
             except OSError as e:  # out of descriptors, a connection reset before accept...
-                log.warning("accepting an API connection failed: %s", e.strerror or e)
+                ACCEPT_FAILED("accepting an API connection failed: %s", e.strerror or e)
                 await asyncio.sleep(0.1)
+                continue
+            if self._protocols is not None and not self._protocols.count.take():
+                REFUSED("API connection refused: %d open, the most allowed (--max-connections)",
+                        self._protocols.count.open)  # fmt: skip
+                conn.close()
                 continue
             task = loop.create_task(self._serve(conn))
             self._serving.add(task)
@@ -137,25 +151,41 @@ class HttpsSite(web.BaseSite):
     async def _serve(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         conn.setblocking(False)
+        counted = self._protocols is not None
+
+        def release() -> None:  # its slot under the cap, once (the protocol's close, or here)
+            nonlocal counted
+            if counted and self._protocols is not None:
+                counted = False
+                self._protocols.count.give_back()
+
         try:
             first = await _peek(conn)
             if not first:  # closed, or silent
                 conn.close()
+                release()
             elif first[0] == TLS_HANDSHAKE:
-                server = self._runner.server
-                assert server is not None and self._ssl_context is not None
+                assert self._ssl_context is not None
+                server: Callable[[], asyncio.BaseProtocol]
+                if self._protocols is not None:
+                    server = functools.partial(self._protocols.handler, release)
+                else:
+                    assert self._runner.server is not None
+                    server = self._runner.server
                 factory: Callable[[], asyncio.BaseProtocol] = server
                 if self._require_client_cert:
-                    factory = functools.partial(_ClientCertGate, server)
+                    factory = functools.partial(_ClientCertGate, server, release)
                 await loop.connect_accepted_socket(
                     factory, conn, ssl=self._ssl_context, ssl_handshake_timeout=HANDSHAKE_S
                 )  # (the transport owns the socket now)
             else:
-                await loop.connect_accepted_socket(_PlainHttp, conn)
+                await loop.connect_accepted_socket(functools.partial(_PlainHttp, release), conn)
         except (OSError, TimeoutError):  # a failed handshake, a client gone: nothing to say
             conn.close()  # (a no-op if its transport closed it)
+            release()
         except BaseException:
             conn.close()
+            release()
             raise
 
 
@@ -190,7 +220,8 @@ class _Refusal(asyncio.Protocol):
     reading what the client still sends for a moment, so that the close does not reset the
     connection before the answer is read)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_close: Callable[[], None] = lambda: None) -> None:
+        self.on_close = on_close
         self.transport: asyncio.Transport | None = None
         self.head = bytearray()
         self.answered = False
@@ -219,6 +250,7 @@ class _Refusal(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
+        self.on_close()
 
     def _answer(self) -> None:
         assert self.transport is not None
@@ -269,12 +301,15 @@ class _ClientCertGate(asyncio.Protocol):
     """The protocol of a TLS connection until its handshake is done: then aiohttp's handler if
     the client presented a certificate (verified by the context), else ``_NoClientCert``."""
 
-    def __init__(self, handler: Callable[[], asyncio.BaseProtocol]) -> None:
+    def __init__(
+        self, handler: Callable[[], asyncio.BaseProtocol], on_close: Callable[[], None]
+    ) -> None:
         self.handler = handler
+        self.on_close = on_close
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         verified = transport.get_extra_info("peercert")
-        proto = self.handler() if verified else _NoClientCert()
+        proto = self.handler() if verified else _NoClientCert(self.on_close)
         transport.set_protocol(proto)
         proto.connection_made(transport)
 

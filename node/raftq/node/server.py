@@ -26,6 +26,7 @@ from aiohttp import web
 from raftq.node.app import NodeSettings, build_app
 from raftq.node.auth import internal_token
 from raftq.node.commands import host_port
+from raftq.node.httplimits import ApiProtocols, ApiSite, HttpLimits
 from raftq.node.httpsite import HttpsSite
 from raftq.node.raftapi import Raft
 from raftq.node.tlsutil import NodeTLS, TLSConfigError, TLSFiles, covers, describe
@@ -67,6 +68,11 @@ class NodeOptions:
     failed_exit_delay: float = 5.0  # Raft stopped on a failure: say why this long, then exit 3
     max_inflight: int = 4
     batch_linger: float = 0.001
+    max_queue: int = 2048  # commands waiting for group commit (4 full batches); beyond: 503
+    # The API listener (raftq.node.httplimits): idle / header-read timeout, connection cap
+    # (None: from ulimit -n).
+    idle_timeout: float = 60.0
+    max_connections: int | None = None
     # HTTPS (raftq.node.tlsutil): the API's certificate and key; client certificates required
     # and verified against tls_client_ca; other nodes verified against tls_ca (default: the
     # system's store). Certificate and key are reloaded on SIGHUP.
@@ -146,6 +152,8 @@ async def serve(
         max_body=opts.max_body,
         max_inflight=opts.max_inflight,
         batch_linger=opts.batch_linger,
+        max_queue=opts.max_queue,
+        body_timeout=opts.idle_timeout,
         auth=opts.auth,
         admin_token=opts.admin_token,
         internal_token=internal_token(key) if key else None,
@@ -168,20 +176,25 @@ async def serve(
             opts.node_id,
         )
     app = build_app(raft, settings)
+    limits = HttpLimits(idle_timeout=opts.idle_timeout, max_connections=opts.max_connections)
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
         shutdown_timeout=handler_grace(opts.shutdown_timeout),
         access_log=None,
+        **limits.handler_args(),
     )
     await runner.setup()
+    assert runner.server is not None
+    protocols = ApiProtocols(runner.server, limits, access_log=None)
     site: web.BaseSite
     if tls is None:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = ApiSite(runner, host, port, protocols)
     else:
         site = HttpsSite(
-            runner, host, port, tls.server, require_client_cert=tls.require_client_cert
-        )
+            runner, host, port, tls.server, require_client_cert=tls.require_client_cert,
+            protocols=protocols,
+        )  # fmt: skip
     try:
         await site.start()
     except OSError as e:

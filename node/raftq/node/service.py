@@ -54,9 +54,11 @@ class NodeSettings:
     batch_max_bytes: int = 1 << 20
     batch_linger: float = 0.001
     max_inflight: int = 4
+    max_queue: int = 2048  # commands waiting for group commit (4 full batches); beyond: 503
     propose_timeout: float = 5.0
     proxy_timeout: float = MAX_WAIT_S + 15.0
     retry_after: int = 1
+    body_timeout: float | None = None  # seconds for a request body to arrive (None: no bound)
     # Access control (raftq.node.auth): on unless turned off; the bootstrap admin token and
     # the node's internal credential (derived from the cluster secret) are never logged.
     auth: bool = True
@@ -104,7 +106,7 @@ def outcome_error(e: BaseException, kind: str, retry_after: int) -> Exception:
         why = (
             "a membership change is in progress; not applied"
             if kind == MEMBERSHIP
-            else "the Raft queue is full; the command was not applied"
+            else f"the leader is overloaded ({e}); not applied, retry later"
         )
         return ApiError("overloaded", why, retry_after=retry_after)
     if isinstance(e, ReadNotReady):
@@ -156,6 +158,7 @@ class BrokerService:
             max_bytes=settings.batch_max_bytes,
             linger=settings.batch_linger,
             max_inflight=settings.max_inflight,
+            max_queue=settings.max_queue,
             timeout=settings.propose_timeout,
             on_batch=self.metrics.on_batch,
             splittable=lambda e: isinstance(e, EntryTooLarge | UNENCODABLE),
@@ -211,11 +214,15 @@ class BrokerService:
 
     # ------------------------------------------------------------------ commands and reads
 
-    async def call(self, command: dict[str, Any], size: int = 0) -> dict[str, Any]:
+    async def call(
+        self, command: dict[str, Any], size: int = 0, bounded: bool = True
+    ) -> dict[str, Any]:
         """Propose one command through group commit; return its result or raise ApiError
-        (or LeaderLost: not applied, another node leads)."""
+        (or LeaderLost: not applied, another node leads). ``bounded``: refused (503
+        overloaded) when the group-commit queue is full; the node's own ticks and releases are
+        not."""
         try:
-            result = await self.batcher.submit(command, size)
+            result = await self.batcher.submit(command, size, bounded)
         except _OUTCOMES as e:
             raise outcome_error(e, WRITE, self.settings.retry_after) from None
         err = result.get("error")
@@ -310,7 +317,7 @@ class BrokerService:
         if topics is not None:
             cmd["topics"] = topics
         try:
-            await self.call(cmd)
+            await self.call(cmd, bounded=False)
         except LeaderLost:
             try:
                 leader = self.leader_elsewhere()
@@ -445,7 +452,7 @@ class BrokerService:
                     if due == last_ticked:  # a tick did not move it: never spin on that
                         await asyncio.sleep(0.05)
                     last_ticked = due
-                    await self.call({"op": "tick"})
+                    await self.call({"op": "tick"}, bounded=False)
                     continue
                 wait = 1.0 if due is None else min(1.0, (due - now) / 1000 + 0.001)
                 self._ticker_until = now + 1000 if due is None else min(due, now + 1000)

@@ -31,7 +31,8 @@ request per publish (about a fifth of a round trip on 2 cores). Each frame is on
 
     client -> server  {"id": N, "op": "publish", "topic": "t", "messages": [{payload, key?, ...}]}
     server -> client  {"type": "result", "id": N, "result": {"messages": [{seq, duplicate?}]}}
-                      {"type": "error", "id": N, "code", "message", "details"}
+                      {"type": "error", "id": N, "code", "message", "details",
+                       "retry_after"?: s}      (topic_full, overloaded...: as Retry-After)
 
 Payloads are raw bytes in binary (msgpack) frames and base64 in text (JSON) frames, whatever
 ``format`` the answers use. Frames are applied concurrently (up to 1000, or 2 x the body limit
@@ -177,7 +178,10 @@ class _Socket:
 
 
 def _frame_error(fid: Any, e: ApiError) -> dict[str, Any]:
-    return {"type": "error", "id": fid, **e.body()}
+    frame = {"type": "error", "id": fid, **e.body()}
+    if e.retry_after:  # (an HTTP answer's Retry-After)
+        frame["retry_after"] = e.retry_after
+    return frame
 
 
 def _b64(obj: Any) -> Any:
