@@ -33,7 +33,7 @@ from raftq.node.tlsutil import (
     make_dev_ca,
     server_context,
 )
-from tests.support import ADMIN, free_ports
+from tests.support import ADMIN
 from tests.tls_support import (
     client_ctx,
     handshake,
@@ -300,13 +300,3 @@ async def test_a_follower_forwards_and_redirects_to_the_leader_over_https(
             assert r.status == 307
             assert r.headers["Location"].startswith(f"https://{laddr}/topics/orders/")
             assert r.headers["X-Raftq-Leader"] == f"https://{laddr}"
-            # Probes of members (before adding one) go over HTTPS too, with the node's
-            # certificate where client certificates are required.
-            dead = f"127.0.0.1:{free_ports(1)[0]}"
-            for api, answers in ((faddr, True), (dead, False)):
-                r = await s.post(
-                    f"https://{laddr}/cluster/members",
-                    json={"id": "n3", "raft": "127.0.0.1:1", "api": api},
-                )
-                text = await r.text()
-                assert (f"does not answer at https://{api}/healthz" not in text) is answers, text
