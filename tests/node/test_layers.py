@@ -161,6 +161,19 @@ def test_openapi_document_gives_patterns_ranges_answers_and_statuses() -> None:
                         method, path)  # fmt: skip
 
 
+async def test_a_body_whose_fields_are_all_optional_is_not_required_in_the_document(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    """(An empty body is read as {}: the release handler, for one, takes none.)"""
+    _, client = node
+    paths = document(all_routes())["paths"]
+    assert paths["/consumers/{consumer}/release"]["post"]["requestBody"]["required"] is False
+    assert paths["/topics/{topic}/redrive"]["post"]["requestBody"]["required"] is False
+    assert paths["/topics"]["post"]["requestBody"]["required"] is True
+    r = await client.post("/consumers/c1/release")
+    assert r.status == 200 and (await r.json())["released"] == 0
+
+
 async def test_served_openapi_is_the_derived_document(node: tuple[LocalRaft, Client]) -> None:
     _, client = node
     r = await client.get("/openapi.json")

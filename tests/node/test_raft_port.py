@@ -1,6 +1,7 @@
 """The Raft port authenticates before it allocates: frame sizes capped before the handshake, a
-silent connection closed after the handshake timeout, connections beyond a cap refused, and a
-node with the wrong secret says so (real processes)."""
+silent connection closed after the handshake timeout, at the cap of unauthenticated connections
+the oldest closed (a member still gets in), and a node with the wrong secret says so (real
+processes)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pickle
 import re
 import socket
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -49,7 +51,11 @@ def raft_addr(c: Cluster) -> tuple[str, int]:
 
 
 def stat(c: Cluster, name: str) -> int:
-    code, body = http("GET", c.url("n1") + "/metrics")
+    return stat_of(c, "n1", name)
+
+
+def stat_of(c: Cluster, node_id: str, name: str) -> int:
+    code, body = http("GET", c.url(node_id) + "/metrics")
     assert code == 200
     m = re.search(rf"^raftq_raft_stat_{name} (\S+)$", body.decode(), re.M)
     assert m, name
@@ -107,16 +113,83 @@ def test_a_silent_connection_is_closed_after_the_handshake_timeout(single: Clust
     assert stat(single, "handshakes_timed_out") >= 1
 
 
-def test_connections_beyond_the_cap_are_refused(single: Cluster) -> None:
-    refused = stat(single, "connections_refused")
-    held = [socket.create_connection(raft_addr(single), timeout=10) for _ in range(MAX_CONNECTIONS)]
+def test_at_the_cap_a_new_connection_closes_the_oldest_unauthenticated_one(
+    single: Cluster,
+) -> None:
+    closed = stat(single, "connections_refused")
+    held = []
     try:
-        with socket.create_connection(raft_addr(single), timeout=10) as extra:
-            assert closed_by_peer(extra, HANDSHAKE_TIMEOUT - 1), "a connection beyond the cap"
-        assert stat(single, "connections_refused") == refused + 1
+        for _ in range(MAX_CONNECTIONS):
+            held.append(socket.create_connection(raft_addr(single), timeout=10))
+            time.sleep(0.01)  # (accepted in this order: the first is the oldest)
+        held.append(socket.create_connection(raft_addr(single), timeout=10))
+        assert closed_by_peer(held[0], HANDSHAKE_TIMEOUT - 1), "the oldest was kept"
+        assert stat(single, "connections_refused") == closed + 1
+        assert not closed_by_peer(held[-1], 0.2), "the newest was closed"
     finally:
         for s in held:
             s.close()
+
+
+def test_strangers_holding_silent_connections_do_not_keep_a_member_out(tmp_path: Path) -> None:
+    """A flood of silent connections, re-opened as they are closed, on the port of the node a
+    restarted member must dial (pysyncobj: the larger address dials): the member's connection
+    still gets its turn to authenticate, and it rejoins."""
+    c = Cluster(tmp_path, 2, extra_args=["--raft-max-connections", str(MAX_CONNECTIONS)])
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def flood(addr: tuple[str, int]) -> None:
+        while not stop.is_set():
+            for s in list(held):
+                try:
+                    if s.recv(1) == b"":
+                        held.remove(s)
+                        s.close()
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    held.remove(s)
+                    s.close()
+            while len(held) < MAX_CONNECTIONS + 2 and not stop.is_set():
+                try:
+                    s = socket.create_connection(addr, timeout=1)
+                except OSError:
+                    break
+                s.setblocking(False)
+                held.append(s)
+            stop.wait(0.01)
+
+    flooder: threading.Thread | None = None
+    try:
+        c.start()
+        acceptor, member = sorted(c.nodes.values(), key=lambda n: n.raft)
+        host, port = acceptor.raft.rsplit(":", 1)
+        refused = stat_of(c, acceptor.id, "connections_refused")
+        flooder = threading.Thread(target=flood, args=((host, int(port)),), daemon=True)
+        flooder.start()
+        wait_for(  # the flood holds the cap
+            "the cap reached",
+            lambda: stat_of(c, acceptor.id, "connections_refused") > refused + MAX_CONNECTIONS,
+            10,
+        )
+        c.kill(member.id)
+        c.start_node(member.id)
+        # (Two members: the restarted one knows a leader only once it reached the other.)
+        wait_for(
+            "the restarted member knowing the leader while the flood goes on",
+            lambda: c.status(member.id).get("leader"),
+            20,
+        )
+        assert flooder.is_alive()
+        assert stat_of(c, acceptor.id, "connections_refused") > refused + 2 * MAX_CONNECTIONS
+    finally:
+        stop.set()
+        if flooder is not None:
+            flooder.join(5)
+        for s in held:
+            s.close()
+        c.close()
 
 
 def sealed_frame(secret: str, message: object) -> bytes:

@@ -61,7 +61,7 @@ from raftq.cluster.grants import check_grants, check_patterns, matches
 # written only when there is one (else 3, which nodes without tokens can still install).
 SNAPSHOT_VERSION = 4
 READABLE_SNAPSHOTS = (2, 3, 4)
-DEFAULT_GROUP = "default"
+DEFAULT_GROUP = v.DEFAULT_GROUP
 DLQ_PREFIX = "x-raftq-dlq-"
 REDRIVE_HEADER = "x-raftq-redrives"
 MAX_RECEIPT_LEN = 600
@@ -527,28 +527,16 @@ class Broker:
         return t
 
     def _op_create_topic(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
-        # Everything is checked before whether the topic exists: an invalid spec is refused
-        # with if_not_exists too (it changes nothing either way, so replicas of any version
-        # agree on the state).
+        # Whether the topic exists is checked first: with if_not_exists an existing topic is
+        # created=false whatever the rest of the spec says. (A replica of an older version
+        # computes the same result and applied_commands; the node checks the spec before it
+        # proposes, commands.create_topic.)
         name = v.name(cmd.get("topic"), "topic")
-        config = v.topic_config(_config(cmd))
-        groups_spec = cmd.get("groups")
-        if groups_spec is None:
-            groups_spec = [{"group": DEFAULT_GROUP}]
-        if not isinstance(groups_spec, list):
-            raise InvalidArgument("groups must be a list", field="groups")
-        groups: list[tuple[str, dict[str, Any]]] = []
-        for spec in groups_spec:
-            spec = v.mapping(spec, "groups[]")
-            gname = v.name(spec.get("group"), "group")
-            if any(gname == n for n, _ in groups):
-                raise GroupExists(f"group {gname!r} given twice", topic=name, group=gname)
-            gcfg = v.group_config(name, _config(spec))
-            groups.append((gname, gcfg))
         if name in self.topics:
             if cmd.get("if_not_exists"):
                 return {"topic": name, "created": False}
             raise TopicExists(f"topic {name!r} already exists", topic=name)
+        config, groups = v.topic_spec(name, cmd)
         t = Topic(name, config, self.now)
         self.topics[name] = t
         for gname, gcfg in groups:
@@ -585,13 +573,13 @@ class Broker:
         start = cmd.get("start", "latest")
         if start not in ("latest", "earliest"):
             raise InvalidArgument("start must be 'latest' or 'earliest'", field="start")
-        cfg = v.group_config(t.name, _config(cmd))  # (checked with if_not_exists too)
-        if gname in t.groups:
+        if gname in t.groups:  # (before the config: as create_topic)
             if cmd.get("if_not_exists"):
                 return {"topic": t.name, "group": gname, "created": False}
             raise GroupExists(
                 f"group {gname!r} already exists on {t.name!r}", topic=t.name, group=gname
             )
+        cfg = v.group_config(t.name, _config(cmd))
         if start == "earliest":
             # O(1): the group pins the retained messages instead of counting in their refs;
             # the gaps between them are not fresh for it (see _op_receive).

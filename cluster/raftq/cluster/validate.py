@@ -11,10 +11,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from raftq.cluster.errors import InvalidArgument, InvalidName
+from raftq.cluster.errors import GroupExists, InvalidArgument, InvalidName
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 TOKEN_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # no ".": it ends the id in rq_<id>.<secret>
+DEFAULT_GROUP = "default"  # a new topic's group unless its groups are given
 MAX_TIMEOUT_S = 12 * 3600
 MAX_DELAY_S = 14 * 24 * 3600
 MAX_BACKOFF_STEPS = 32
@@ -178,3 +179,25 @@ def group_config(
                 "dead_letter_topic must differ from the topic", field="dead_letter_topic"
             )
     return out
+
+
+def topic_spec(
+    topic: str, cmd: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+    """A create_topic command's config and groups (name, config), validated."""
+    cfg = cmd.get("config")
+    config = topic_config({} if cfg is None else mapping(cfg, "config"))
+    groups_spec = cmd.get("groups")
+    if groups_spec is None:
+        groups_spec = [{"group": DEFAULT_GROUP}]
+    if not isinstance(groups_spec, list):
+        raise InvalidArgument("groups must be a list", field="groups")
+    groups: list[tuple[str, dict[str, Any]]] = []
+    for spec in groups_spec:
+        spec = mapping(spec, "groups[]")
+        gname = name(spec.get("group"), "group")
+        if any(gname == n for n, _ in groups):
+            raise GroupExists(f"group {gname!r} given twice", topic=topic, group=gname)
+        gcfg = spec.get("config")
+        groups.append((gname, group_config(topic, {} if gcfg is None else mapping(gcfg, "config"))))
+    return config, groups

@@ -156,8 +156,8 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--raft-max-connections",
         type=int,
         default=_env("RAFT_MAX_CONNECTIONS", "64"),
-        help="inbound Raft connections open at once; more are closed at accept"
-        " [RAFTQ_RAFT_MAX_CONNECTIONS] (default 64)",
+        help="unauthenticated inbound Raft connections at once; at that many, a new one closes"
+        " the oldest [RAFTQ_RAFT_MAX_CONNECTIONS] (default 64)",
     )
     p.add_argument(
         "--raft-handshake-timeout",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from raftq.cluster import validate
@@ -79,6 +80,14 @@ def name(value: Any, field: str) -> str:
         raise ApiError.from_wire(e.to_wire()) from None
 
 
+def _checked(check: Callable[..., Any], *args: Any) -> None:
+    """A ``validate`` check, its error as an ``ApiError``."""
+    try:
+        check(*args)
+    except BrokerError as e:
+        raise ApiError.from_wire(e.to_wire()) from None
+
+
 def _given(body: dict[str, Any]) -> dict[str, Any]:
     """The fields that are set (a JSON ``null`` means "not given")."""
     return {k: v for k, v in body.items() if v is not None}
@@ -101,7 +110,11 @@ def create_topic(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(spec, dict):
             raise ApiError("invalid_argument", f"groups[{i}] must be a map", {"field": "groups"})
         check_fields(spec, {"group": STR, "config": MAP}, ("group",), f"groups[{i}].")
-    return {"op": "create_topic", **_given(body)}
+    cmd = {"op": "create_topic", **_given(body)}
+    # The whole spec, here: the state machine checks whether the topic exists first (as
+    # older versions do), so with if_not_exists it would answer created=false to a bad one.
+    _checked(validate.topic_spec, body["topic"], cmd)
+    return cmd
 
 
 def update_topic(topic: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +127,15 @@ def create_group(topic: str, body: dict[str, Any]) -> dict[str, Any]:
         body, {"group": STR, "config": MAP, "start": STR, "if_not_exists": BOOL}, ("group",)
     )
     name(body["group"], "group")
-    return {"op": "create_group", "topic": topic, **_given(body)}
+    cmd = {"op": "create_group", "topic": topic, **_given(body)}
+    # (As create_topic: the state machine checks the config only for a group it creates.)
+    name(topic, "topic")
+    if cmd.get("start", "latest") not in ("latest", "earliest"):
+        raise ApiError(
+            "invalid_argument", "start must be 'latest' or 'earliest'", {"field": "start"}
+        )
+    _checked(validate.group_config, topic, cmd.get("config") or {})
+    return cmd
 
 
 def update_group(topic: str, group: str, body: dict[str, Any]) -> dict[str, Any]:

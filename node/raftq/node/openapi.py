@@ -465,7 +465,9 @@ def _operation(route: Route) -> dict[str, Any]:
     if route.perm is not None and route.perm.action in (PUBLIC, OBSERVE):
         op["security"] = []  # (OBSERVE: unless the node is run with --auth-observe)
     if route.body is not None:
-        op["requestBody"] = {"required": route.body != "Empty", "content": _content(route.body)}
+        # An empty body is read as {}: one is required only where the schema requires a field.
+        required = bool(SCHEMAS[route.body].get("required"))
+        op["requestBody"] = {"required": required, "content": _content(route.body)}
     return op
 
 

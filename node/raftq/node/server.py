@@ -61,7 +61,7 @@ class NodeOptions:
     auth_observe: bool = False
     metrics_topics: int | None = 100  # per-topic metric series for the top N (None: all)
     fsync: str = "always"
-    raft_max_connections: int = 64  # inbound Raft connections open at once
+    raft_max_connections: int = 64  # unauthenticated inbound Raft connections at once
     raft_handshake_timeout: float = 5.0  # seconds for one to authenticate, or it is closed
     max_body: int = 8 << 20
     shutdown_timeout: float = 15.0

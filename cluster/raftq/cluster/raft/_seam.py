@@ -424,7 +424,8 @@ class _Transport(TCPTransport):  # type: ignore[misc]
     with its port guarded: pysyncobj took any number of connections, kept a silent one forever
     and buffered whatever frame length it was told, before any authentication.
 
-    * at most ``raftq_max_connections`` inbound connections at once: more are closed at accept;
+    * at most ``raftq_max_connections`` unauthenticated inbound connections at once: at that
+      many, a new one closes the oldest (members' authenticated connections do not count);
     * an inbound connection not authenticated (the sealed handshake, then a member's address)
       within ``raftq_handshake_timeout`` of its accept is closed;
     * frames: at most PRE_AUTH_FRAME bytes until a connection is authenticated, MAX_FRAME after
@@ -439,7 +440,8 @@ class _Transport(TCPTransport):  # type: ignore[misc]
         self.raftq_stats: dict[str, int] = dict.fromkeys(GUARD_STATS, 0)
         self.raftq_view = memoryview(bytearray(PRE_AUTH_FRAME))  # reads land here
         self.raftq_log = RateLimited(WARN_EVERY)
-        self.raftq_inbound: set[Any] = set()  # inbound connections open (authenticated or not)
+        # Inbound connections open (authenticated or not), oldest first.
+        self.raftq_inbound: dict[Any, None] = {}
         self.raftq_ticked = 0.0  # when _onTick last ran
         super().__init__(*args)
 
@@ -448,19 +450,27 @@ class _Transport(TCPTransport):  # type: ignore[misc]
         _close_socket_on_failed_bind(self._server)
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
-        if len(self.raftq_inbound) >= self.raftq_max_connections:
+        # The cap counts connections not yet authenticated: a member's, once proven, never
+        # makes room for strangers. At the cap the OLDEST unauthenticated one is closed, not
+        # the new one: strangers that keep silent connections open cannot keep a member's
+        # fresh connection from its chance to authenticate (it takes a round trip).
+        pending = [c for c in self.raftq_inbound if c in self._unknownConnections]
+        if len(pending) >= self.raftq_max_connections:
+            oldest = pending[0]
             self.raftq_stats["connections_refused"] += 1
             self.raftq_log.warn(  # (before closing: whoever sees the close finds the line)
                 "connections",
-                "raft port: refused a connection from %s: %d inbound connections open, the limit",
+                "raft port: closed the oldest unauthenticated connection, from %s, for a new one"
+                " from %s: %d unauthenticated inbound connections open, the limit",
+                _peer(oldest),
                 _peer(conn),
-                len(self.raftq_inbound),
+                len(pending),
             )
-            conn.disconnect()  # (no callbacks set yet: just closed)
-            return
+            oldest.disconnect()  # (-> _onDisconnected: forgotten)
+            self._unknownConnections.discard(oldest)
         super()._onNewIncomingConnection(conn)
         conn.raftq_accepted = monotonic()
-        self.raftq_inbound.add(conn)
+        self.raftq_inbound[conn] = None
         self.raftq_guard(conn)
 
     def _onTick(self) -> None:
@@ -507,7 +517,7 @@ class _Transport(TCPTransport):  # type: ignore[misc]
         super()._onOutgoingMessageReceived(conn, message)
 
     def _onDisconnected(self, conn: Any) -> None:
-        self.raftq_inbound.discard(conn)
+        self.raftq_inbound.pop(conn, None)
         if getattr(conn, "raftq_handshake", False):
             # The peer closed before it answered: it could not open our first message (its
             # log says why), or does not take this node (not a member), or it is stopping.
@@ -538,7 +548,7 @@ class _Transport(TCPTransport):  # type: ignore[misc]
 
 # The counters the guarded port adds to the node's stats.
 GUARD_STATS = (
-    "connections_refused",
+    "connections_refused",  # unauthenticated ones closed at the cap (the oldest, for a new one)
     "handshakes_timed_out",
     "handshakes_failed",
     "frames_refused",

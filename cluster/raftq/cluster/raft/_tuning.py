@@ -91,7 +91,7 @@ MAX_FRAME = APPEND_BATCH_BYTES + MAX_ENTRY_BYTES + (4 << 20)  # after: pysyncobj
 # until they reach APPEND_BATCH_BYTES, so one append carries up to that plus one entry, plus
 # pickling (~30 B an entry); snapshot chunks are 1 MiB. A frame refused here would be re-sent
 # forever, so the margin is generous: it only has to bound memory.
-MAX_CONNECTIONS = 64  # inbound Raft connections open at once (a peer needs one)
+MAX_CONNECTIONS = 64  # unauthenticated inbound Raft connections at once
 HANDSHAKE_TIMEOUT = 5.0  # an inbound connection not authenticated by then is closed (the
 # handshake takes one round trip: milliseconds)
 WARN_EVERY = 10.0  # seconds between log lines about refused connections and frames, per kind

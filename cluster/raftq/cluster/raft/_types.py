@@ -20,7 +20,7 @@ class RaftConfig:
     fsync: str = "always"  # "always" | "never" (never: a power loss can lose acked entries)
     # Recovery from a lost majority: commit this node's journal and make it the only member.
     force_new_cluster: bool = False
-    max_connections: int = MAX_CONNECTIONS  # inbound Raft connections open at once
+    max_connections: int = MAX_CONNECTIONS  # unauthenticated inbound Raft connections at once
     handshake_timeout: float = HANDSHAKE_TIMEOUT  # seconds for an inbound one to authenticate
 
 
