@@ -28,7 +28,13 @@ from typing import Any
 from raftq.client import _tls
 from raftq.client._http_sync import SyncHttpPool
 from raftq.client._sync import CONNECT_TIMEOUT, Client
-from raftq.client.errors import RaftqError, TLSError, TopicNotFound, Unavailable
+from raftq.client.errors import (
+    InvalidArgument,
+    RaftqError,
+    TLSError,
+    TopicNotFound,
+    Unavailable,
+)
 from raftq.client.transport import ConnectFailed, Response, Transport
 
 DEFAULT_URLS = "http://127.0.0.1:8001,http://127.0.0.1:8002,http://127.0.0.1:8003"
@@ -946,23 +952,36 @@ def _publish(args: argparse.Namespace, c: Client) -> int:
     if args.batch < 1:
         raise ValueError("--batch must be at least 1")
     progress = sys.stderr.isatty() and not args.json
-    total, first, last = 0, None, None
+    total, rejected, lineno, first, last = 0, 0, 0, None, None
     started = time.monotonic()
 
+    def message(line: bytes) -> dict[str, Any]:
+        m: dict[str, Any] = {"payload": line}
+        if headers:
+            m["headers"] = headers
+        if args.delay is not None:
+            m["delay"] = args.delay
+        return m
+
     def send(lines: list[bytes]) -> None:
-        nonlocal total, first, last
-        batch: list[dict[str, Any]] = []
-        for line in lines:
-            m: dict[str, Any] = {"payload": line}
-            if headers:
-                m["headers"] = headers
-            if args.delay is not None:
-                m["delay"] = args.delay
-            batch.append(m)
-        seqs = c.publish_batch(args.topic, batch)
+        nonlocal total, rejected, lineno, first, last
+        try:
+            seqs = c.publish_batch(args.topic, [message(line) for line in lines])
+        except InvalidArgument as e:
+            if len(lines) == 1:  # this line's own fault: said, and the others go on
+                rejected += 1
+                _fail(args, EXIT_REFUSED, e.server_code or e.code,
+                      f"line {lineno + 1} not published: {e.server_code or e.code}: {e.message}",
+                      e.details)  # fmt: skip
+                lineno += 1
+                return
+            for line in lines:  # (a refused batch stored nothing: find the line(s) at fault)
+                send([line])
+            return
+        lineno += len(lines)
         first = seqs[0] if first is None else first
         last = seqs[-1]
-        total += len(batch)
+        total += len(lines)
         if progress:
             rate = total / max(1e-6, time.monotonic() - started)
             print(f"\rpublished {total} ({rate:,.0f}/s)", end="", file=sys.stderr, flush=True)
@@ -971,10 +990,14 @@ def _publish(args: argparse.Namespace, c: Client) -> int:
         send(lines)
     if progress:
         print(file=sys.stderr)
-    res = {"published": total, "first_seq": first, "last_seq": last}
-    return _emit(
-        args, res, lambda: f"published {plural(total, 'message')} ({_seq_range(first, last)})"
-    )
+    res = {"published": total, "rejected": rejected, "first_seq": first, "last_seq": last}
+
+    def human() -> str:
+        text = f"published {plural(total, 'message')} ({_seq_range(first, last)})"
+        return text + (f", {rejected} rejected" if rejected else "")
+
+    _emit(args, res, human)
+    return EXIT_REFUSED if rejected else EXIT_OK
 
 
 def stdin_lines(most: int) -> Iterable[list[bytes]]:
@@ -1076,7 +1099,9 @@ def _require_dlq(c: Client, topic: str, sample: Sequence[Mapping[str, Any]]) -> 
     if any(DLQ_SOURCE in (m.get("headers") or {}) for m in sample):
         return
     c.topic(topic)  # (a missing topic: the server's topic_not_found)
-    for name in c.list_topics():
+    base = topic.removesuffix(".dlq")
+    names = c.list_topics()
+    for name in sorted(names, key=lambda n: n != base):  # (the default name's source first)
         try:
             groups = c.topic(name).get("groups", [])
         except TopicNotFound:
