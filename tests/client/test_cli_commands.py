@@ -193,9 +193,9 @@ async def test_publish_from_a_pipe_sends_each_line_as_it_comes_and_takes_any_byt
         assert code == EXIT_OK and "3 messages (seq 4..6)" in text
         # A line the server refuses is reported alone; the others are published.
         big = b"x" * (1 << 20 | 1)
-        code, text, err = run_cli("publish", topic, "--url", url, stdin=b"d\n" + big + b"\ne\n")
-        assert code == EXIT_REFUSED and "2 messages (seq 7..8), 1 rejected" in text, err
-        assert err.startswith("raftq: line 2 not published: message_too_large"), err
+        code, text, said = run_cli("publish", topic, "--url", url, stdin=b"d\n" + big + b"\ne\n")
+        assert code == EXIT_REFUSED and "2 messages (seq 7..8), 1 rejected" in text, said
+        assert said.startswith("raftq: line 2 not published: message_too_large"), said
         assert [m["payload"] for m in raft.read(lambda b: b.peek(topic, 7, 10))] == [b"d", b"e"]
 
     await asyncio.to_thread(work)
