@@ -342,6 +342,10 @@ async def test_status_shows_observed_roles_and_fails_without_a_leader() -> None:
     rows = {ln.split()[0]: ln for ln in out.splitlines()[1:]}
     assert code == EXIT_UNAVAILABLE and "no leader" in err, (out, err)
     assert "candidate" in rows["n1"] and "no answer" in rows["n2"] and "follower" in rows["n3"]
+    body["leader"] = "n2"  # (which the asked node still believes in)
+    async with stub_cluster(body) as url:
+        code, out, err = await asyncio.to_thread(run_cli, "status", "--url", url)
+    assert code == EXIT_UNAVAILABLE and "leader (no answer)" in out and "n2 does not answer" in err
     body["leader"] = "n3"
     async with stub_cluster(body) as url:
         code, out, _ = await asyncio.to_thread(run_cli, "status", "--url", url)

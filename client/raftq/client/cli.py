@@ -8,7 +8,7 @@ context (``--context``, ``RAFTQ_CONTEXT``, else the config file's current one), 
 dev cluster and the token file ``raftq cluster up`` writes. Every command prints a human table
 by default and JSON with ``--json``; errors are one line on stderr (a JSON object with
 ``--json``). Exit codes: 0 done, 1 the server refused (bad input, not found, full...), 2 usage,
-3 cluster unavailable or timed out (``status``: no leader), 130 interrupted.
+3 cluster unavailable or timed out (``status``: no leader answers), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -766,6 +766,8 @@ def _status(args: argparse.Namespace, c: Client) -> int:
     _emit(args, info, human)
     if not leader:
         return _fail(args, EXIT_UNAVAILABLE, "no_leader", "no leader: the cluster cannot serve")
+    if not (members.get(leader) or {}).get("answers"):
+        return _fail(args, EXIT_UNAVAILABLE, "no_leader", f"the leader {leader} does not answer")
     return EXIT_OK
 
 
@@ -919,7 +921,7 @@ def _group_show(args: argparse.Namespace, c: Client) -> int:
     g = c.group(args.topic, args.group)
 
     def human() -> str:
-        stats = [[k, age(v) if k.endswith("_age_ms") else _value(v)]
+        stats = [[k.removesuffix("_ms"), age(v)] if k.endswith("_age_ms") else [k, _value(v)]
                  for k, v in g.items() if k not in ("config", "group")]  # fmt: skip
         config = [[k, _value(v)] for k, v in sorted((g.get("config") or {}).items())]
         return (
