@@ -3,6 +3,7 @@ connects, how it fails, publishing from a pipe, settling by receipt, and what it
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import io
@@ -85,6 +86,11 @@ async def test_client_options_go_before_or_after_the_command(
         with pytest.raises(SystemExit) as done:
             run_cli("--version")
         assert done.value.code == 0
+        # a parser built without the top-level options still has their defaults
+        bare = argparse.ArgumentParser()
+        cli.register(bare.add_subparsers())
+        args = bare.parse_args(["topic", "show", topic, "--url", url])
+        assert args.func(args) == EXIT_OK
 
     await asyncio.to_thread(work)
 
@@ -353,8 +359,6 @@ async def test_status_shows_observed_roles_and_fails_without_a_leader() -> None:
 
 
 def _commands(parser: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    import argparse
-
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for key, sub in action.choices.items():

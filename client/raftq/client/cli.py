@@ -580,7 +580,20 @@ def _refused(exc: BaseException | None) -> bool:
     )
 
 
+# What the client options are when given nowhere (the top parser sets them too).
+CLIENT_DEFAULTS = {"url": None, "token": None, "token_file": None, "ca": None,
+                   "client_cert": None, "client_key": None, "context": None, "json": False,
+                   "timeout": 30.0}  # fmt: skip
+
+
+def _defaults(args: argparse.Namespace) -> None:
+    for name, value in CLIENT_DEFAULTS.items():
+        if not hasattr(args, name):  # (a parser without the top-level options)
+            setattr(args, name, value)
+
+
 def run(args: argparse.Namespace, fn: Handler) -> int:
+    _defaults(args)
     try:
         ctx = _context(args)
         urls = [u.strip() for u in (_setting(args, ctx, "url") or DEFAULT_URLS).split(",")]
@@ -617,6 +630,7 @@ def run(args: argparse.Namespace, fn: Handler) -> int:
 
 def run_local(args: argparse.Namespace, fn: LocalHandler) -> int:
     """A command that calls no node (contexts, token new)."""
+    _defaults(args)
     try:
         return fn(args)
     except (ValueError, OSError) as e:
