@@ -10,3 +10,5 @@ from tests.support import ADMIN_TOKEN
 
 os.environ["RAFTQ_TOKEN"] = ADMIN_TOKEN
 os.environ["RAFTQ_ADMIN_TOKEN"] = ADMIN_TOKEN
+# The CLI reads named contexts from the user's config file: the suite's must not depend on it.
+os.environ["RAFTQ_CONFIG"] = os.path.join(os.path.dirname(__file__), "no-such-raftq-config.toml")

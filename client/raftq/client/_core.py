@@ -473,8 +473,15 @@ def unavailable(url: str, exc: BaseException, sent: bool) -> RaftqError:
     """Map a transport failure: before the request was sent it is plainly retryable; after, the
     outcome is unknown."""
     if sent:
-        return UnknownOutcome(f"{url}: connection lost after sending ({exc!r})")
-    return Unavailable(f"{url}: {exc!r}")
+        return UnknownOutcome(f"{url}: connection lost after sending ({describe(exc)})")
+    return Unavailable(f"{url}: {describe(exc)}")
+
+
+def describe(exc: BaseException) -> str:
+    """An exception for people: ``connection refused``, not ``ConnectionRefusedError(111, ...)``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc) or type(exc).__name__
 
 
 def origin(url: str) -> str:

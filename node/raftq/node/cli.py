@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:
         pass
     else:
-        register(sub)
+        register(sub, parser)  # (also the client options before the command, and --version)
     return parser
 
 
