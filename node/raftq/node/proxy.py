@@ -122,8 +122,8 @@ class Forwarder:
         fut.cancel()
 
     async def _poll(self) -> None:
-        """One poller for every waiter, only while there are some (measured: a node learns
-        of a new leader within ~1 ms of the election; reading its Raft status costs ~10 us)."""
+        """One poller for every waiter, only while there are some (a Raft status read costs
+        ~30 us on the 2-core box: 0.06 % of a core at this rate)."""
         while self._watching:
             now = self._current()
             for fut, seen in list(self._watching.items()):
