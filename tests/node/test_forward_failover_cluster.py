@@ -51,7 +51,8 @@ class RelayedCluster(Cluster):
 def relayed(tmp_path: Path) -> Iterator[RelayedCluster]:
     c = RelayedCluster(tmp_path)
     try:
-        yield c.start()  # type: ignore[misc]
+        c.start()
+        yield c
     finally:
         c.close()
 
