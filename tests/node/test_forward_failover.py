@@ -181,3 +181,16 @@ async def test_a_receive_cut_short_by_a_new_leader_releases_its_consumer_there()
                 "the consumer's release at the new leader",
                 lambda: any(p.startswith("/consumers/c-") for p in seen_new),
             )
+
+
+async def test_a_leader_that_stays_unreachable_is_answered_503_no_leader_in_bounded_time() -> None:
+    dead = f"127.0.0.1:{free_ports(1)[0]}"
+    raft = LocalRaft("n2")
+    raft.set_follower("n1", dead)  # named the leader, never reachable, and no election
+    async with admin_client(app(raft, node_id="n2", propose_timeout=0.5)) as fc:
+        async with asyncio.timeout(WAIT_S):
+            r = await fc.post("/topics/t/messages", json={"payload": b64(b"p")})
+        assert r.status == 503 and r.headers["Retry-After"] == "1"
+        err = await r.json()
+        assert err["code"] == "no_leader"
+        assert f"leader n1 at {dead} is unreachable" in err["message"]

@@ -147,19 +147,18 @@ class Forwarder:
                 )  # fmt: skip
             if self.svc.leads():
                 raise LeadsHere()
+            if loop.time() >= deadline:
+                raise ApiError(
+                    "no_leader",
+                    f"{why}; no leader took the request within {self.settings.propose_timeout:g} s",
+                    {"leader": tried.id},
+                    retry_after=self.settings.retry_after,
+                )
             try:
                 return self.svc.leader_elsewhere()
             except ApiError as e:
                 if e.code != "no_leader":
                     raise
-                if loop.time() >= deadline:
-                    raise ApiError(
-                        "no_leader",
-                        f"{why}, and no other leader was known within"
-                        f" {self.settings.propose_timeout:g} s",
-                        {"leader": tried.id},
-                        retry_after=self.settings.retry_after,
-                    ) from None
             await self._moved(None, deadline - loop.time())
 
     # ------------------------------------------------------------------ forwarding
@@ -171,7 +170,8 @@ class Forwarder:
         return peer() if peer is not None else True
 
     async def forward(self, route: Route, request: web.Request) -> web.StreamResponse:
-        """Forward a leader route to the leader, once; answer its response as is."""
+        """Forward a leader route to the leader; answer its response as is. Sent again, to the
+        leader named next, while it may be (``Resend``), for up to ``propose_timeout``."""
         if request.headers.get(FORWARDED):
             raise ApiError(
                 "no_leader",
