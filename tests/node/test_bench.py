@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from raftq.node.bench import LocalCluster, Nats, Results, per_round, ratios, run_cases, summarize
+from raftq.node.bench import (
+    LocalCluster,
+    Nats,
+    Results,
+    SilentRelay,
+    per_round,
+    ratios,
+    run_cases,
+    summarize,
+)
 
 FAKE_BENCH = """
 import json, os, sys, time
@@ -87,3 +98,41 @@ def test_the_local_cluster_hands_its_own_token_to_its_nodes_and_clients(
         assert set(cl.raft_stats()) <= {n["id"] for n in cl.layout}
     finally:
         cl.stop()
+
+
+def test_a_silent_relay_relays_until_silenced_then_connections_hang_until_revived() -> None:
+    target = socket.socket()
+    target.bind(("127.0.0.1", 0))
+    target.listen(8)
+    host, port = target.getsockname()
+
+    def echo() -> None:
+        while True:
+            try:
+                conn, _ = target.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(conn.recv(100))
+
+    threading.Thread(target=echo, daemon=True).start()
+    relay = SilentRelay(f"{host}:{port}")
+    rhost, rport = relay.addr.rsplit(":", 1)
+    try:
+        for silent in (False, True, False):
+            if silent:
+                relay.silence()
+            else:
+                relay.revive()
+            with socket.socket() as s:
+                s.settimeout(0.5)
+                if silent:  # as a host that is gone: no refusal, no answer
+                    with pytest.raises(TimeoutError):
+                        s.connect((rhost, int(rport)))
+                    continue
+                s.connect((rhost, int(rport)))
+                s.sendall(b"ping")
+                assert s.recv(100) == b"ping"
+    finally:
+        relay.close()
+        target.close()

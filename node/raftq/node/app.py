@@ -37,7 +37,7 @@ from raftq.node.auth import (
 )
 from raftq.node.errors import ApiError
 from raftq.node.openapi import document
-from raftq.node.proxy import Forwarder
+from raftq.node.proxy import Forwarder, LeadsHere
 from raftq.node.raftapi import Raft
 from raftq.node.routes import AUTHN, LEADER, Route, parse_query, path_name, set_principal
 from raftq.node.service import BrokerService, LeaderLost, NodeSettings
@@ -51,6 +51,7 @@ ROUTE_MODULES = (topics, messages, stream, tokens, ops)
 SERVICE: web.AppKey[BrokerService] = web.AppKey("service", BrokerService)
 CATCH_UP_S = 1.0  # how long a follower waits at most to learn a token it does not know
 CATCH_UP_MIN_S = 0.1
+MAX_HANDOFFS = 3  # times a request may move between running here and forwarding
 MAX_TOKEN_WAITERS = 64
 _METHODS = frozenset(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])  # (labels)
 AioHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -209,12 +210,21 @@ def _bind(route: Route, svc: BrokerService, fwd: Forwarder, authn: Authenticator
         parse_query(route, request)
         # Checked here with this node's own replicated state, and again at the leader.
         who = await _authorize_here(route, perm, authn, svc, request)
-        if not svc.leads():
-            return await fwd.forward(route, request)
-        try:
-            return await run(request, who)
-        except LeaderLost:
-            return await fwd.forward(route, request)
+        here = svc.leads()
+        for _ in range(MAX_HANDOFFS):
+            if here:
+                try:
+                    return await run(request, who)
+                except LeaderLost:
+                    pass
+            try:
+                return await fwd.forward(route, request)
+            except LeadsHere:  # elected while the forward waited for a leader
+                here = True
+        raise ApiError(
+            "no_leader", "the leadership kept moving; retry shortly",
+            retry_after=svc.settings.retry_after,
+        )  # fmt: skip
 
     return at_leader
 

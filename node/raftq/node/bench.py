@@ -7,6 +7,8 @@ Cases, for each payload size, repeated ``--runs`` times (table: median, spread =
   (d) consume + ack each, streaming, prefetch 100     msgs/s
   (e) end-to-end latency publish -> delivery          p50/p99
   (f) unavailability after kill -9 of the leader      seconds until publishes succeed again
+  (g) the same, every client through one follower     seconds until publishes / receives succeed
+      (as behind a load balancer: the clients never learn another node's address)
 With ``--nats DIR`` (the perf-anchor scripts: start_nats.sh, bench_nats.py, stop_nats.sh) it also
 runs NATS JetStream R3 with ``sync_interval: always`` and prints raftq/NATS ratios. The repeats
 are interleaved: round k runs raftq's cases, then NATS's (both clusters stay up, the other one
@@ -39,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from raftq.client import AsyncClient, RaftqError
+from raftq.client._http import HttpPool
+from raftq.client.transport import AsyncTransport, Response
 from raftq.node.devcluster import get_json, new_admin_token, node_command, node_env, wait_for_leader
 
-CASES = "a,b,c,d,e,f"  # and "m": memory and restart with --m-messages queued (not by default)
+CASES = "a,b,c,d,e,f,g"  # and "m": memory and restart with --m-messages queued (not by default)
 # raftq case -> the NATS anchor case it is compared with.
 NATS_CASE = {"a": "(a) sync publish", "b": "(b) pipelined publish", "c": "(b) pipelined publish",
              "d": "(c) pull fetch"}  # fmt: skip
@@ -77,7 +81,12 @@ def _free_ports(n: int) -> list[int]:
 
 
 class LocalCluster:
-    def __init__(self, fsync: str, nodes: int = 3) -> None:
+    """``nodes`` local nodes. With ``silent_api`` each advertises its API through a
+    ``SilentRelay`` (what the other nodes forward to, and name as the leader's address), which
+    ``kill`` silences as a killed container's address is; clients and the bench's own probes
+    use the nodes' listen addresses (``addr``)."""
+
+    def __init__(self, fsync: str, nodes: int = 3, silent_api: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="raftq-bench-"))
         ports = _free_ports(2 * nodes)
         self.layout = [
@@ -85,17 +94,31 @@ class LocalCluster:
              "raft": f"127.0.0.1:{ports[2 * i + 1]}"}
             for i in range(nodes)
         ]  # fmt: skip
+        self.relays: dict[str, SilentRelay] = {}
+        if silent_api:
+            for n in self.layout:
+                relay = self.relays[n["id"]] = SilentRelay(n["api"])
+                n["listen"], n["api"] = n["api"], relay.addr
         self.fsync = fsync
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.token = new_admin_token()  # the nodes' bootstrap admin token; clients send it
         self.env = node_env(os.urandom(16).hex(), self.token)
+
+    @staticmethod
+    def addr(n: dict[str, str]) -> str:
+        """Where a node listens (its advertised ``api`` may be a relay)."""
+        return n.get("listen", n["api"])
 
     def start(self, nid: str | None = None) -> None:
         for me in self.layout:
             if nid is not None and me["id"] != nid:
                 continue
             log = open(self.dir / f"{me['id']}.log", "ab")  # noqa: SIM115 - handed to the child
-            cmd = node_command(me, self.layout, self.dir / me["id"], self.fsync)
+            here = {**me, "api": self.addr(me)}
+            cmd = node_command(here, self.layout, self.dir / me["id"], self.fsync)
+            if me["id"] in self.relays:
+                self.relays[me["id"]].revive()
+                cmd += ["--advertise", me["api"]]
             self.procs[me["id"]] = subprocess.Popen(
                 [*cmd, "--log-level", "WARNING"], stdout=log, stderr=subprocess.STDOUT,
                 env=self.env, start_new_session=True,
@@ -103,23 +126,25 @@ class LocalCluster:
             log.close()
 
     def urls(self) -> list[str]:
-        return [f"http://{n['api']}" for n in self.layout]
+        return [f"http://{self.addr(n)}" for n in self.layout]
 
     def client(self, urls: str | list[str], **kw: Any) -> AsyncClient:
         """A client of this cluster, with its admin token."""
         return AsyncClient(urls, token=self.token, **kw)
 
     def leader(self, timeout: float = 30.0) -> str:
-        lid = wait_for_leader([n["api"] for n in self.layout], timeout, token=self.token)
+        lid = wait_for_leader([self.addr(n) for n in self.layout], timeout, token=self.token)
         if lid is None:
             raise RuntimeError(f"no leader within {timeout} s; logs in {self.dir}")
         return lid
 
     def url_of(self, nid: str) -> str:
-        return next(f"http://{n['api']}" for n in self.layout if n["id"] == nid)
+        return next(f"http://{self.addr(n)}" for n in self.layout if n["id"] == nid)
 
     def kill(self, nid: str) -> None:
         p = self.procs[nid]
+        if nid in self.relays:
+            self.relays[nid].silence()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
         p.wait(10)
@@ -146,6 +171,9 @@ class LocalCluster:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
         self.procs.clear()
+        for relay in self.relays.values():
+            relay.close()
+        self.relays.clear()
         if remove:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -154,7 +182,7 @@ class LocalCluster:
         tick, snapshots)."""
         out: dict[str, dict[str, float]] = {}
         for n in self.layout:
-            req = urllib.request.Request(f"http://{n['api']}/metrics")
+            req = urllib.request.Request(f"http://{self.addr(n)}/metrics")
             req.add_header("Authorization", f"Bearer {self.token}")  # (--auth-observe)
             try:
                 with urllib.request.urlopen(req, timeout=5) as r:
@@ -172,7 +200,7 @@ class LocalCluster:
         """Every node answers /readyz 200 and has applied the leader's commit index as it was
         when the leader was first seen (a restarted follower replays its journal first)."""
         deadline = time.monotonic() + timeout
-        pending = [n["api"] for n in self.layout]
+        pending = [self.addr(n) for n in self.layout]
         target: int | None = None
         while pending and time.monotonic() < deadline:
             for api in list(pending):
@@ -191,6 +219,111 @@ class LocalCluster:
             if pending:
                 time.sleep(0.02)
         return not pending
+
+
+class SilentRelay:
+    """A TCP relay to ``target`` (host:port) on 127.0.0.1, on a thread of its own.
+    ``silence()`` makes its address act as that of a host that is gone (a killed container):
+    open connections close, and new ones hang in connect (their SYNs are dropped: the accept
+    queue is left full), where a killed local process would refuse them at once. ``revive()``
+    relays again."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.sock.setblocking(False)
+        self.addr = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.loop = asyncio.new_event_loop()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._fill: list[socket.socket] = []
+        self._accepting: asyncio.Task[None] | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.revive()
+
+    def _run(self, fn: Callable[[], None]) -> None:
+        async def call() -> None:
+            fn()
+
+        asyncio.run_coroutine_threadsafe(call(), self.loop).result(5)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def revive(self) -> None:
+        def revive() -> None:
+            for s in self._fill:
+                s.close()
+            self._fill.clear()
+            self.sock.listen(128)
+            if self._accepting is None:
+                self._accepting = asyncio.ensure_future(self._accept())
+
+        self._run(revive)
+
+    def silence(self) -> None:
+        def silence() -> None:
+            if self._accepting is not None:
+                self._accepting.cancel()
+                self._accepting = None
+            self.sock.listen(0)  # (one queued connection fills it)
+            for w in list(self._writers):
+                w.close()
+            for _ in range(2):
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex(self.sock.getsockname())
+                self._fill.append(s)
+
+        self._run(silence)
+
+    def close(self) -> None:
+        self.silence()
+
+        def close() -> None:
+            for t in self._tasks:
+                t.cancel()
+            for s in (*self._fill, self.sock):
+                s.close()
+
+        self._run(close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
+
+    async def _accept(self) -> None:
+        while True:
+            conn, _ = await self.loop.sock_accept(self.sock)
+            self._spawn(self._relay(conn))
+
+    async def _relay(self, conn: socket.socket) -> None:
+        down_r, down_w = await asyncio.open_connection(sock=conn)
+        host, port = self.target.rsplit(":", 1)
+        try:
+            up_r, up_w = await asyncio.open_connection(host, int(port))
+        except OSError:
+            down_w.close()
+            return
+        pair = (down_w, up_w)
+        self._writers.update(pair)
+
+        async def copy(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            for each in pair:  # (either side closing ends the relayed connection)
+                each.close()
+
+        try:
+            await asyncio.gather(copy(down_r, up_w), copy(up_r, down_w))
+        finally:
+            self._writers.difference_update(pair)
 
 
 # ---------------------------------------------------------------------- measurement
@@ -243,7 +376,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "p50_ms" in rs[0]:
             s["median_p50_ms"] = statistics.median(r["p50_ms"] for r in rs)
             s["median_p99_ms"] = statistics.median(r["p99_ms"] for r in rs)
-        for k in ("unavailable_s", "rss_mb_max", "restart_ready_s", "restart_publish_s"):
+        for k in ("unavailable_s", "consume_s", "rss_mb_max", "restart_ready_s",
+                  "restart_publish_s"):  # fmt: skip
             if k in rs[0]:
                 s[f"median_{k}"] = statistics.median(r[k] for r in rs)
                 s[f"max_{k}"] = max(r[k] for r in rs)
@@ -332,6 +466,23 @@ async def run_cases(
             print(f"  [raftq] (f) run{run}: publishes resumed after {gap:.2f} s; a survivor "
                   f"was leader after {elected if elected is not None else float('nan'):.2f} s",
                   flush=True)  # fmt: skip
+    if "g" in cases:
+        # Twice: the killed leader's sockets close (as a local process's), and its address
+        # goes silent (as a killed container's: connections hang instead of being refused).
+        silent = LocalCluster(cl.fsync, silent_api=True)
+        try:
+            silent.start()
+            silent.leader()
+            for run in range(1, args.runs + 1):
+                for how, where in (("sockets close", cl), ("address silent", silent)):
+                    r = await failover_via_follower(where)
+                    res.add(f"(g) kill -9 through a follower, {how}", run, 1, 1.0, **r)
+                    print(f"  [raftq] (g) {how} run{run}: through {r['entry']} (then leader: "
+                          f"{r['new_leader']}): every publisher resumed after "
+                          f"{r['unavailable_s']:.2f} s (first {r['first_publish_s']:.2f} s), "
+                          f"receives after {r['consume_s']:.2f} s", flush=True)  # fmt: skip
+        finally:
+            silent.stop()
     if "m" in cases:
         await memory_and_restart(cl, args, res)
 
@@ -429,7 +580,7 @@ async def failover(cl: LocalCluster) -> tuple[float, float | None]:
     # journal (one long Raft tick), and could not vote yet.
     await asyncio.to_thread(cl.all_ready, 60)
     leader = cl.leader()
-    survivors = [n["api"] for n in cl.layout if n["id"] != leader]
+    survivors = [cl.addr(n) for n in cl.layout if n["id"] != leader]
     topic = f"failover-{os.getpid()}-{time.monotonic_ns()}"
     elected: list[float] = []
 
@@ -463,6 +614,91 @@ async def failover(cl: LocalCluster) -> tuple[float, float | None]:
     cl.start(leader)
     cl.leader()
     return gap, (elected[0] if elected else None)
+
+
+class LeaderHidden:
+    """A transport that drops ``X-Raftq-Leader``: the client keeps to the one URL it was
+    given, as behind a load balancer or a Kubernetes Service (it cannot reach the nodes)."""
+
+    def __init__(self, inner: AsyncTransport) -> None:
+        self.inner = inner
+
+    async def request(self, method: str, url: str, headers: Any, body: bytes | None,
+                      timeout: float) -> Response:  # fmt: skip
+        r = await self.inner.request(method, url, headers, body, timeout)
+        kept = {k: v for k, v in r.headers.items() if k != "x-raftq-leader"}
+        return Response(r.status, kept, r.body)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def failover_via_follower(cl: LocalCluster, publishers: int = 2) -> dict[str, Any]:
+    """(g) Case (f) with every client talking to one follower only: ``publishers`` sequential
+    publishers and a consumer (long polls, each delivery acked) run, then the leader is killed
+    (kill -9). Seconds from the kill until every publisher has had a publish accepted that it
+    started after the kill (``unavailable_s``; ``first_publish_s``: the first of them), and
+    until a receive started after the kill returns deliveries (``consume_s``). The follower
+    may itself win the election. The killed node is restarted afterwards."""
+    await asyncio.to_thread(cl.all_ready, 60)
+    leader = cl.leader()
+    entry = next(n for n in cl.layout if n["id"] != leader)
+    entry_url = cl.url_of(entry["id"])
+    topic = f"failover-g-{os.getpid()}-{time.monotonic_ns()}"
+    transport = LeaderHidden(HttpPool(connect_timeout=2.0))
+    killed: list[float] = []  # the kill's time, once done
+    warm = asyncio.Event()
+    counts = [0] * (publishers + 1)
+
+    def resumed(started: float) -> float | None:
+        return time.perf_counter() - killed[0] if killed and started >= killed[0] else None
+
+    async def publish(i: int) -> float:
+        while True:
+            started = time.perf_counter()
+            with contextlib.suppress(RaftqError):  # (the client retries within its timeout)
+                await c.publish(topic, b"x")
+                counts[i] += 1
+                if min(counts) >= 10:
+                    warm.set()
+                gap = resumed(started)
+                if gap is not None:
+                    return gap
+
+    async def consume() -> float:
+        while True:
+            started = time.perf_counter()
+            try:
+                got = await c.receive(topic, max=10, wait=1.0)
+                for msg in got:
+                    await msg.ack()
+            except RaftqError:
+                continue
+            counts[-1] += len(got)
+            gap = resumed(started) if got else None
+            if gap is not None:
+                return gap
+
+    c = cl.client(entry_url, timeout=30, publish_stream=False, transport=transport)
+    async with c:
+        await c.create_topic(topic)
+        tasks = [asyncio.ensure_future(publish(i)) for i in range(publishers)]
+        tasks.append(asyncio.ensure_future(consume()))
+        try:
+            async with asyncio.timeout(30):
+                await warm.wait()
+            killed.append(time.perf_counter())
+            await asyncio.to_thread(cl.kill, leader)
+            async with asyncio.timeout(60):
+                *pubs, consumed = await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+    new = get_json(f"{entry_url}/cluster", 2, cl.token).get("leader")
+    cl.start(leader)
+    cl.leader()
+    return {"entry": entry["id"], "new_leader": new, "unavailable_s": max(pubs),
+            "first_publish_s": min(pubs), "consume_s": consumed}  # fmt: skip
 
 
 async def memory_and_restart(cl: LocalCluster, args: argparse.Namespace, res: Results) -> None:
@@ -626,6 +862,9 @@ async def run(args: argparse.Namespace) -> int:
             if "median_unavailable_s" in s:
                 extra = (f" unavailable median {s['median_unavailable_s']:.2f} s, "
                          f"max {s['max_unavailable_s']:.2f} s")  # fmt: skip
+            if "median_consume_s" in s:
+                extra += (f"; receives median {s['median_consume_s']:.2f} s, "
+                          f"max {s['max_consume_s']:.2f} s")  # fmt: skip
             if "median_rss_mb_max" in s:
                 extra = (f" RSS max {s['median_rss_mb_max']:.0f} MB/node, restart->all ready "
                          f"{s['median_restart_ready_s']:.2f} s, ->publish "

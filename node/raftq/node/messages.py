@@ -103,7 +103,7 @@ async def forward_receive(
 
     def give_back() -> None:
         if isinstance(consumer, str):
-            svc.spawn(fwd.release_at(leader.api, consumer, topics))
+            svc.spawn(fwd.give_back(consumer, topics))
 
     sent = asyncio.ensure_future(fwd.send(request, leader, body))
     try:
