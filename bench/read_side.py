@@ -5,7 +5,9 @@
 
 Every tenth topic holds one message (a backlog); the rest are empty. Without
 ``--metrics-topics`` the node's default applies. Timings on a shared 2-core box are noisy:
-compare medians and minimums.
+compare medians and minimums, and the render's CPU time (``time.process_time``: what other
+processes on the box do not change). To compare with an older checkout, run this script
+with ``PYTHONPATH=<old>/cluster:<old>/node:<old>/client``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from raftq.node.app import NodeSettings, build_app
+from raftq.node.app import SERVICE, NodeSettings, build_app
 from raftq.node.local import LocalRaft
 
 
@@ -55,9 +57,20 @@ async def main() -> None:
     # (getattr: the script runs on versions before --metrics-topics too, to compare)
     shown = getattr(settings, "metrics_topics", "all")
     print(f"{args.topics} topics, metrics_topics={shown}")
-    async with TestClient(TestServer(build_app(raft, settings), host="127.0.0.1")) as client:
+    application = build_app(raft, settings)
+    async with TestClient(TestServer(application, host="127.0.0.1")) as client:
         for path in ("/metrics", "/topics"):
             print(await timed(client, path, args.runs))
+    metrics = application[SERVICE].metrics
+    cpu = []
+    for _ in range(args.runs):
+        t = time.process_time()
+        metrics.render()
+        cpu.append(time.process_time() - t)
+    print(
+        f"/metrics render, CPU time: median {statistics.median(cpu) * 1000:.1f} ms,"
+        f" min {min(cpu) * 1000:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

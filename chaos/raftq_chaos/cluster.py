@@ -226,7 +226,8 @@ class Cluster:
 
     async def broker_figures(self, nid: str, timeout: float = 3.0) -> dict[str, float] | None:
         """This node's own view of the replicated state, from its local ``/metrics``: every
-        ``raftq_topic_*`` / ``raftq_group_*`` sample (counters, backlog, in flight...)."""
+        ``raftq_topic_*`` / ``raftq_group_*`` sample (counters, pending, in flight...) but the
+        oldest message's age."""
         node = self.nodes[nid]
         if not node.alive or node.paused:
             return None
@@ -241,7 +242,10 @@ class Cluster:
             return None
         out: dict[str, float] = {}
         for line in text.splitlines():
-            if line.startswith(("raftq_topic_", "raftq_group_")):
+            # (the oldest message's age is by each node's own clock: not a replica's state)
+            if line.startswith(("raftq_topic_", "raftq_group_")) and not line.startswith(
+                "raftq_group_oldest_unsettled_age_seconds"
+            ):
                 name, _, value = line.rpartition(" ")
                 out[name] = float(value)
         return out

@@ -194,7 +194,7 @@ async def check_digests(cluster: Cluster, timeout: float = 30.0) -> tuple[bool |
 
 EMPTY_FIGURES = (
     "raftq_topic_messages",
-    "raftq_group_backlog",
+    "raftq_group_pending",
     "raftq_group_delayed",
     "raftq_group_in_flight",
 )
@@ -202,7 +202,7 @@ EMPTY_FIGURES = (
 
 async def check_replicas(cluster: Cluster, timeout: float = 30.0) -> tuple[bool, bool, str]:
     """Every node's local view of the broker (``/metrics``: per-topic and per-group counters,
-    retained messages, backlog, delayed, in flight) is the same, and shows nothing left.
+    retained messages, pending, delayed, in flight) is the same, and shows nothing left.
     Returns (replicas_equal, empty_everywhere, detail)."""
     last = ""
     equal = empty = False

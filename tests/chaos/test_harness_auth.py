@@ -72,3 +72,34 @@ async def test_nodes_get_the_token_by_environment_and_the_harness_sends_it(
     finally:
         c.close()
         await c.aclose()
+
+
+async def test_replica_figures_leave_out_the_age_each_node_measures_by_its_own_clock(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import raftq_chaos.cluster as chaos_cluster
+
+    body = (
+        'raftq_group_pending{group="g",topic="t"} 1.0\n'
+        'raftq_group_oldest_unsettled_age_seconds{group="g",topic="t"} 12.5\n'
+        "raftq_raft_term 3.0\n"
+    )
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=body)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = TestServer(app)
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    monkeypatch.setattr(chaos_cluster.Node, "url", property(lambda n: url))
+    monkeypatch.setattr(chaos_cluster.Node, "alive", property(lambda n: True))
+    c = Cluster(_FakeNet(), tmp_path)  # type: ignore[arg-type]
+    try:
+        assert await c.broker_figures("n1") == {'raftq_group_pending{group="g",topic="t"}': 1.0}
+    finally:
+        monkeypatch.undo()  # (close() signals the nodes it thinks alive)
+        await server.close()
+        c.close()
+        await c.aclose()

@@ -1485,7 +1485,7 @@ def test_overview_sums_every_topic_and_group(h: Harness) -> None:
         "in_flight": 1,
     }
     # (unsettled: a's default group 3 (one in flight), g2 3; b's one delayed)
-    assert (ov["backlogs"], ov["retained"]) == ({"a": 6, "b": 1}, {"a": 3, "b": 1})
+    assert (ov["unsettled"], ov["retained"]) == ({"a": 6, "b": 1}, {"a": 3, "b": 1})
     assert ov["topic_counters"]["published"] == 4
     assert ov["group_counters"]["delivered"] == 2
     assert ov["group_counters"]["nacked"] == 1

@@ -417,7 +417,7 @@ async def test_openapi_and_metrics_are_served(node: tuple[LocalRaft, Client]) ->
     assert doc["openapi"].startswith("3.")
     text = await (await client.get("/metrics")).text()
     assert f'raftq_topic_published_total{{topic="{topic}"}} 1.0' in text
-    assert f'raftq_group_backlog{{group="default",topic="{topic}"}} 1.0' in text
+    assert f'raftq_group_pending{{group="default",topic="{topic}"}} 1.0' in text
     assert "raftq_batch_commands_bucket" in text and "raftq_raft_term 1.0" in text
     assert "raftq_long_polls_waiting 0.0" in text and "raftq_consumers_held 0.0" in text
 
@@ -432,11 +432,19 @@ async def test_cluster_endpoint_describes_the_node(node: tuple[LocalRaft, Client
 
 async def test_metrics_carry_the_raft_bindings_own_counters() -> None:
     raft = LocalRaft()
-    raft.stats = {"syncs": 7, "sync_us": 1234, "flag": True, "name": "x"}  # type: ignore[attr-defined]
+    raft.stats = {  # type: ignore[attr-defined]
+        "syncs": 7,
+        "sync_us": 1_500_000,
+        "max_tick_ms": 250,
+        "flag": True,
+        "name": "x",
+    }
     application = build_app(raft)
     text = application[SERVICE].metrics.render().decode()
-    assert "raftq_raft_stat_syncs 7.0" in text and "raftq_raft_stat_sync_us 1234.0" in text
-    assert "raftq_raft_stat_flag" not in text and "raftq_raft_stat_name" not in text
+    assert "# TYPE raftq_raft_fsyncs_total counter\nraftq_raft_fsyncs_total 7.0" in text
+    assert "raftq_raft_fsync_seconds_total 1.5" in text
+    assert "# TYPE raftq_raft_max_tick_seconds gauge\nraftq_raft_max_tick_seconds 0.25" in text
+    assert "raftq_raft_flag" not in text and "raftq_raft_name" not in text
 
 
 def test_each_app_has_its_own_metrics_registry() -> None:

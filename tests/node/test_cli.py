@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
+import logging
 import os
 import random
 import signal
@@ -17,8 +19,9 @@ from typing import Any
 import pytest
 
 from raftq.node.cli import build_parser, main
+from raftq.node.logfmt import JsonFormatter
 from raftq.node.server import parse_peers
-from tests.node.cluster_fixture import http, wait_for
+from tests.node.cluster_fixture import Cluster, http, wait_for
 
 
 def test_peer_syntax_is_id_equals_raft_slash_api() -> None:
@@ -61,6 +64,7 @@ def test_bad_environment_values_and_a_missing_data_dir_are_usage_errors(
         ("RAFTQ_FSYNC", "yes", "--fsync"),
         ("RAFTQ_MAX_BODY", "8MiB", "--max-body"),
         ("RAFTQ_LOG_LEVEL", "verbose", "--log-level"),
+        ("RAFTQ_LOG_FORMAT", "xml", "--log-format"),
         ("RAFTQ_SHUTDOWN_TIMEOUT", "soon", "--shutdown-timeout"),
         ("RAFTQ_METRICS_TOPICS", "-1", "--metrics-topics"),
     ):
@@ -97,6 +101,45 @@ def test_environment_variables_fill_in_node_options(monkeypatch: pytest.MonkeyPa
     )
     args = build_parser().parse_args(["node", "--id", "n9"])
     assert args.id == "n9"  # a flag wins over the variable
+
+
+def test_json_log_lines_carry_time_level_logger_message_and_the_traceback() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord(
+            "raftq.node", logging.ERROR, __file__, 1, 'a %s "quoted" line', ("bad",), None
+        )
+        record.exc_info = sys.exc_info()
+    record.created, record.msecs = 1_700_000_000.25, 250.0
+    line = json.loads(JsonFormatter().format(record))
+    assert {k: line[k] for k in ("time", "level", "logger", "message")} == {
+        "time": "2023-11-14T22:13:20.250Z",
+        "level": "ERROR",
+        "logger": "raftq.node",
+        "message": 'a bad "quoted" line',
+    }
+    assert "ValueError: boom" in line["exception"]
+
+
+@pytest.mark.slow
+def test_a_node_started_with_log_format_json_writes_one_json_object_per_line(
+    tmp_path: Path,
+) -> None:
+    c = Cluster(tmp_path, 1, extra_args=["--log-format", "json"])
+    try:
+        c.start()
+        node = c.nodes["n1"]
+
+        def said(text: str) -> bool:
+            return text in node.log.read_text()
+
+        wait_for("the election line", lambda: said("raft n1: elected leader in term"), 10)
+    finally:
+        c.close()
+    lines = [json.loads(line) for line in node.log.read_text().splitlines() if line.strip()]
+    assert lines and all(set(x) >= {"time", "level", "logger", "message"} for x in lines)
+    assert any(x["logger"] == "raftq.cluster.raft" and x["level"] == "INFO" for x in lines)
 
 
 def _consecutive_free_ports(n: int) -> int:

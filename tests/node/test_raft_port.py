@@ -57,7 +57,7 @@ def stat(c: Cluster, name: str) -> int:
 def stat_of(c: Cluster, node_id: str, name: str) -> int:
     code, body = http("GET", c.url(node_id) + "/metrics")
     assert code == 200
-    m = re.search(rf"^raftq_raft_stat_{name} (\S+)$", body.decode(), re.M)
+    m = re.search(rf"^raftq_raft_{name}_total (\S+)$", body.decode(), re.M)
     assert m, name
     return int(float(m.group(1)))
 
@@ -257,7 +257,7 @@ def test_a_node_with_the_wrong_secret_and_its_peer_both_log_it(tmp_path: Path) -
 
         def failures(node_id: str, name: str) -> int:
             _, body = http("GET", c.url(node_id) + "/metrics")
-            m = re.search(rf"^raftq_raft_stat_{name} (\S+)$", body.decode(), re.M)
+            m = re.search(rf"^raftq_raft_{name}_total (\S+)$", body.decode(), re.M)
             return int(float(m.group(1))) if m else 0
 
         # Reconnects every 0.3 s: several failures on both sides...

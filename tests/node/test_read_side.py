@@ -34,9 +34,9 @@ async def test_metrics_show_the_topics_with_the_largest_backlog_and_cluster_tota
                 r = await client.post(f"/topics/{topic}/messages", json={"payload": b64(b"%d" % i)})
                 assert r.status == 200
         text = await (await client.get("/metrics")).text()
-    assert samples(text, "raftq_group_backlog") == {
-        'raftq_group_backlog{group="default",topic="big"}': 3.0,
-        'raftq_group_backlog{group="default",topic="middle"}': 2.0,
+    assert samples(text, "raftq_group_pending") == {
+        'raftq_group_pending{group="default",topic="big"}': 3.0,
+        'raftq_group_pending{group="default",topic="middle"}': 2.0,
     }
     assert set(samples(text, "raftq_topic_published_total")) == {
         'raftq_topic_published_total{topic="big"}',
@@ -45,7 +45,7 @@ async def test_metrics_show_the_topics_with_the_largest_backlog_and_cluster_tota
     totals = samples(text, "raftq_cluster_")
     assert totals["raftq_cluster_topics"] == 4.0
     assert totals["raftq_cluster_groups"] == 4.0
-    assert totals["raftq_cluster_backlog"] == 6.0
+    assert totals["raftq_cluster_pending"] == 6.0
     assert totals["raftq_cluster_messages"] == 6.0
     assert totals["raftq_cluster_topic_published_total"] == 6.0
     assert totals["raftq_cluster_group_delivered_total"] == 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import select
 import socket
@@ -224,6 +225,32 @@ async def test_lagging_follower_catches_up_from_a_snapshot(three: Nodes) -> None
     await until("catch-up", lambda: node.read(lambda b: b.topic_stats("t")["messages"]) == 120)
 
 
+async def test_elections_leaders_snapshots_and_installs_are_logged_at_info(
+    three: Nodes, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "raftq.cluster.raft")
+    leader = await three.leader()
+    lid = leader.config.node_id
+    await leader.propose([{"op": "create_topic", "topic": "t"}])
+    lagging = next(k for k, n in three.nodes.items() if n is not leader)
+
+    def said(text: str) -> bool:
+        return any(r.levelno == logging.INFO and text in r.getMessage() for r in caplog.records)
+
+    await until("the followers' leader lines", lambda: said(f"{lagging}: leader is {lid} (term"))
+    assert said(f"raft {lid}: election: standing in term")
+    assert said(f"raft {lid}: elected leader in term")
+    await three.stop(lagging)
+    for i in range(120):  # > 2 x compaction threshold (50): the leader snapshots
+        await leader.propose([pub("t", b"%d" % i)])
+    await until("the snapshot line", lambda: said(f"raft {lid}: snapshot up to entry"))
+    await until("leader compaction", lambda: _log_len(leader) < 60)
+    node = three.start(lagging)
+    await until("snapshot install", lambda: node.status().applied_index >= 120, 20)
+    assert said(f"raft {lagging}: received a snapshot from the leader")
+    assert said(f"raft {lagging}: installed the leader's snapshot up to entry")
+
+
 async def test_a_follower_catches_up_through_appends_of_the_largest_entries(
     tmp_path: Path,
 ) -> None:
@@ -262,7 +289,8 @@ async def test_leadership_transfer_hands_over_to_a_follower(three: Nodes) -> Non
     assert (await new.propose([pub("t", b"after")]))[0]["messages"][0]["seq"] == 1
 
 
-async def test_add_and_remove_a_member(tmp_path: Path) -> None:
+async def test_add_and_remove_a_member(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "raftq.cluster.raft")
     ns = Nodes(tmp_path, 4)
     try:
         for nid in ["n1", "n2", "n3"]:
@@ -279,6 +307,10 @@ async def test_add_and_remove_a_member(tmp_path: Path) -> None:
         assert set(leader.status().members) == {"n1", "n2", "n3", "n4"}
         await leader.remove_member("n4")
         await until("n4 removed", lambda: "n4" not in leader.status().members)
+        lid = leader.config.node_id
+        lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+        assert f"raft {lid}: members now n1, n2, n3, n4 (added n4)" in lines
+        assert f"raft {lid}: members now n1, n2, n3 (removed n4)" in lines
     finally:
         await ns.close()
 

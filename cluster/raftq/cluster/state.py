@@ -1322,12 +1322,12 @@ class Broker:
         """Cluster-wide figures in O(topics + groups), without building each topic's stats:
         ``totals`` (topics, groups, retained messages and bytes, pending, delayed and in-flight
         deliveries), ``topic_counters`` and ``group_counters`` (each counter summed over all
-        topics or groups), ``backlogs`` (topic -> messages its groups have yet to settle:
+        topics or groups), ``unsettled`` (topic -> messages its groups have yet to settle:
         pending, delayed and in flight) and ``retained`` (topic -> retained messages). (Few
         objects: a scrape with many topics should not set off the garbage collector.)"""
         topic_counters = dict.fromkeys(TOPIC_COUNTERS, 0)
         group_counters = dict.fromkeys(GROUP_COUNTERS, 0)
-        backlogs: dict[str, int] = {}
+        unsettled_by_topic: dict[str, int] = {}
         retained: dict[str, int] = {}
         nbytes = groups = pending_total = delayed = in_flight = 0
         for name, t in self.topics.items():
@@ -1345,7 +1345,7 @@ class Broker:
                 for k, c in g.counters.items():
                     group_counters[k] += c
             groups += len(t.groups)
-            backlogs[name] = unsettled
+            unsettled_by_topic[name] = unsettled
         totals = {
             "topics": len(self.topics),
             "groups": groups,
@@ -1359,7 +1359,7 @@ class Broker:
             "totals": totals,
             "topic_counters": topic_counters,
             "group_counters": group_counters,
-            "backlogs": backlogs,
+            "unsettled": unsettled_by_topic,
             "retained": retained,
         }
 

@@ -178,8 +178,9 @@ class LocalCluster:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def raft_stats(self) -> dict[str, dict[str, float]]:
-        """Each node's Raft binding counters from /metrics (fsyncs, time in fsync, longest
-        tick, snapshots)."""
+        """Each node's Raft binding series from /metrics (fsyncs, time in fsync, longest
+        tick, snapshots), by name without ``raftq_raft_``: ``fsyncs_total``,
+        ``fsync_seconds_total``, ``max_tick_seconds``, ``snapshots_total``..."""
         out: dict[str, dict[str, float]] = {}
         for n in self.layout:
             req = urllib.request.Request(f"http://{self.addr(n)}/metrics")
@@ -190,9 +191,9 @@ class LocalCluster:
             except OSError:
                 continue
             out[n["id"]] = {
-                line.split()[0].removeprefix("raftq_raft_stat_"): float(line.split()[1])
+                line.split()[0].removeprefix("raftq_raft_"): float(line.split()[1])
                 for line in text.splitlines()
-                if line.startswith("raftq_raft_stat_")
+                if line.startswith("raftq_raft_") and " " in line
             }
         return out
 
@@ -840,11 +841,12 @@ async def run(args: argparse.Namespace) -> int:
         meta["rss_mb_after"] = cl.rss_mb()
         meta["raft_stats"] = st = cl.raft_stats()
         for nid, d in sorted(st.items()):
-            syncs = max(1.0, d.get("syncs", 0))
-            avg_ms = d.get("sync_us", 0) / syncs / 1000
-            print(f"  [raftq] {nid} since (re)start: {d.get('syncs', 0):.0f} fsyncs, avg "
-                  f"{avg_ms:.2f} ms, longest tick {d.get('max_tick_ms', 0):.0f} ms, "
-                  f"{d.get('snapshots', 0):.0f} snapshots")  # fmt: skip
+            syncs = d.get("fsyncs_total", 0)
+            avg_ms = d.get("fsync_seconds_total", 0) / max(1.0, syncs) * 1000
+            tick_ms = d.get("max_tick_seconds", 0) * 1000
+            print(f"  [raftq] {nid} since (re)start: {syncs:.0f} fsyncs, avg "
+                  f"{avg_ms:.2f} ms, longest tick {tick_ms:.0f} ms, "
+                  f"{d.get('snapshots_total', 0):.0f} snapshots")  # fmt: skip
     finally:
         cl.stop()
         if anchor is not None:

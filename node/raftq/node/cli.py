@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from collections.abc import Sequence
+
+from raftq.node import logfmt
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -216,6 +217,12 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=_env("LOG_LEVEL", "INFO"),
         help="DEBUG, INFO, WARNING or ERROR [RAFTQ_LOG_LEVEL] (default INFO)",
     )
+    p.add_argument(
+        "--log-format",
+        default=_env("LOG_FORMAT", "text"),
+        help="text, or json: one JSON object per line (time, level, logger, message,"
+        " exception) [RAFTQ_LOG_FORMAT] (default text)",
+    )
     p.set_defaults(func=_run_node, parser=p)
 
 
@@ -258,6 +265,10 @@ def _run_node(args: argparse.Namespace) -> int:
         parser.error("--tls-client-ca and --tls-ca need --tls-cert and --tls-key (TLS is off)")
     if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         parser.error(f"--log-level (or RAFTQ_LOG_LEVEL): unknown level {args.log_level!r}")
+    if args.log_format not in logfmt.FORMATS:
+        parser.error(
+            f"--log-format (or RAFTQ_LOG_FORMAT) must be text or json, not {args.log_format!r}"
+        )
     for flag, value, lo in (
         ("--max-body", args.max_body, 1),
         ("--max-inflight", args.max_inflight, 1),
@@ -281,7 +292,7 @@ def _run_node(args: argparse.Namespace) -> int:
         parser.error(str(e))
     # One peer list for every member (a StatefulSet template): this node's own entry is skipped.
     peers.pop(args.id, None)
-    _logging(args.log_level)
+    logfmt.setup(args.log_level, args.log_format)
     # Read once: not left for child processes to inherit (a forked snapshot writer still has a
     # copy of memory, and /proc/<pid>/environ keeps the original block: use files for secrets
     # where that matters).
@@ -339,16 +350,8 @@ def add_cluster_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 def _run_cluster_up(args: argparse.Namespace) -> int:
     from raftq.node.devcluster import cluster_up
 
-    _logging("INFO")
+    logfmt.setup("INFO")
     return cluster_up(args.nodes, args.dir, args.api_port, args.raft_port, args.fsync, args.tls)
-
-
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:

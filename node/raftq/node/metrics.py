@@ -2,22 +2,38 @@
 
 Broker figures are read from the replicated state at scrape time, so every node reports the
 same cluster-wide numbers: cluster totals (``raftq_cluster_*``: topics, groups, retained
-messages and bytes, backlog, delayed, in flight, and every counter summed) always, and
+messages and bytes, pending, delayed, in flight, and every counter summed) always, and
 per-topic and per-group series (``raftq_topic_*``, ``raftq_group_*``) for at most
 ``topics`` topics, those with the most unsettled messages (``--metrics-topics``: 100 by
 default, 0 for none, ``all``): with ten thousand topics a full scrape is ~10 MB and takes
 more than a second of the node's time under the apply lock. A topic that leaves the top ``topics``
-loses its series (Prometheus marks them stale). Node figures (HTTP latency, group-commit
-batch sizes, propose latency) are this process's own.
+loses its series (Prometheus marks them stale). These broker-wide series are alike on every
+node: aggregate them over nodes with ``max``, never ``sum`` (README). Node figures (HTTP
+latency, group-commit batch sizes, propose latency, the Raft binding's counters, process, GC
+and platform) are this process's own and carry its Raft id in ``raftq_node_info{node}``.
+
+Names follow Prometheus' rules (``promtool check metrics``): base units (seconds), counters
+end in ``_total``, and one name for one thing: ``pending`` is what the API calls pending
+(ready for delivery), ``unsettled`` is pending + delayed + in flight.
 """
 
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -51,25 +67,40 @@ _TOTALS = {  # raftq_cluster_<name>: (Broker.overview()["totals"] key, help)
     "groups": ("groups", "consumer groups"),
     "messages": ("messages", "retained messages, all topics"),
     "bytes": ("bytes", "retained payload bytes, all topics"),
-    "backlog": ("pending", "messages ready for delivery, summed over every group"),
+    "pending": ("pending", "messages ready for delivery, summed over every group"),
     "delayed": ("delayed", "messages waiting for a delay, summed over every group"),
     "in_flight": ("in_flight", "deliveries awaiting ack, summed over every group"),
 }
 
 
-def top_topics(backlogs: dict[str, int], retained: dict[str, int], n: int | None) -> list[str]:
-    """The ``n`` topics (all: None) with the largest backlog (messages their groups have yet
-    to settle: pending, delayed or in flight), then the most retained messages, then by name:
-    the same on every replica."""
+# The Raft binding's stats whose key does not name the thing well enough.
+_RAFT_STAT_NAMES = {"syncs": "fsyncs", "sync_us": "fsync_us"}
+_UNITS = (("_ms", 1e-3), ("_us", 1e-6))
+
+
+def raft_stat_series(key: str) -> tuple[str, bool, float]:
+    """The series for one of ``RaftNode.stats``: (name, is_counter, scale). Keys ending in
+    ``_ms`` / ``_us`` become ``_seconds``; ``max_*`` and ``last_*`` are gauges, everything
+    else a cumulative count (exported as ``<name>_total``)."""
+    base, scale = _RAFT_STAT_NAMES.get(key, key), 1.0
+    for suffix, factor in _UNITS:
+        if base.endswith(suffix):
+            base, scale = base.removesuffix(suffix) + "_seconds", factor
+    return f"raftq_raft_{base}", not key.startswith(("max_", "last_")), scale
+
+
+def top_topics(unsettled: dict[str, int], retained: dict[str, int], n: int | None) -> list[str]:
+    """The ``n`` topics (all: None) with the most unsettled messages (pending, delayed or in
+    flight), then the most retained messages, then by name: the same on every replica."""
     if n is None:
-        return sorted(backlogs)
-    return heapq.nsmallest(n, backlogs, key=lambda name: (-backlogs[name], -retained[name], name))
+        return sorted(unsettled)
+    return heapq.nsmallest(n, unsettled, key=lambda t: (-unsettled[t], -retained[t], t))
 
 
-def _figures(b: Broker, n: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _figures(b: Broker, n: int | None) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
     overview = b.overview()
-    top = top_topics(overview["backlogs"], overview["retained"], n)
-    return overview, [b.topic_stats(name) for name in top]
+    top = top_topics(overview["unsettled"], overview["retained"], n)
+    return overview, [b.topic_stats(name) for name in top], b.now
 
 
 class BrokerCollector(Collector):
@@ -101,11 +132,17 @@ class BrokerCollector(Collector):
         if isinstance(stats, dict):
             for key, value in sorted(stats.items()):
                 if isinstance(value, int | float) and not isinstance(value, bool):
-                    g = GaugeMetricFamily(f"raftq_raft_stat_{key}", f"Raft binding stat {key}")
-                    g.add_metric([], value)
-                    yield g
+                    name, counter, scale = raft_stat_series(key)
+                    doc = f"Raft binding: {key.replace('_', ' ')}"
+                    family = CounterMetricFamily if counter else GaugeMetricFamily
+                    m = family(name, doc)
+                    m.add_metric([], value * scale)
+                    yield m
+        info = GaugeMetricFamily("raftq_node_info", "this node's Raft id", labels=["node"])
+        info.add_metric([st.node_id], 1)
+        yield info
         n = self.topics
-        overview, topics = self.raft.read(lambda b: _figures(b, n))
+        overview, topics, state_now = self.raft.read(lambda b: _figures(b, n))
         yield from _totals(overview)
         shown = GaugeMetricFamily(
             "raftq_metrics_topics_shown",
@@ -123,8 +160,8 @@ class BrokerCollector(Collector):
         }
         t_msgs = GaugeMetricFamily("raftq_topic_messages", "retained messages", labels=["topic"])
         t_bytes = GaugeMetricFamily("raftq_topic_bytes", "retained payload bytes", labels=["topic"])
-        backlog = GaugeMetricFamily(
-            "raftq_group_backlog", "messages ready for delivery", labels=["topic", "group"]
+        pending = GaugeMetricFamily(
+            "raftq_group_pending", "messages ready for delivery", labels=["topic", "group"]
         )
         delayed = GaugeMetricFamily(
             "raftq_group_delayed", "messages waiting for a delay", labels=["topic", "group"]
@@ -132,6 +169,15 @@ class BrokerCollector(Collector):
         inflight = GaugeMetricFamily(
             "raftq_group_in_flight", "deliveries awaiting ack", labels=["topic", "group"]
         )
+        oldest = GaugeMetricFamily(
+            "raftq_group_oldest_unsettled_age_seconds",
+            "age of the group's oldest unsettled message (pending, delayed or in flight;"
+            " 0 when none), like SQS's ApproximateAgeOfOldestMessage",
+            labels=["topic", "group"],
+        )
+        # The state's clock stands still while nothing is applied: age by this node's clock
+        # from the message's publish time (the state's now minus its age there).
+        wall_ms = time.time() * 1000
         for t in topics:
             name = t["topic"]
             for k in _TOPIC_COUNTERS:
@@ -142,12 +188,16 @@ class BrokerCollector(Collector):
                 labels = [name, g["group"]]
                 for k in _GROUP_COUNTERS:
                     gc[k].add_metric(labels, g.get(f"{k}_total", 0))
-                backlog.add_metric(labels, g["pending"])
+                pending.add_metric(labels, g["pending"])
                 delayed.add_metric(labels, g["delayed"])
                 inflight.add_metric(labels, g["in_flight"])
+                age_ms = g["oldest_age_ms"]
+                if age_ms is not None:
+                    age_ms = max(age_ms, wall_ms - (state_now - age_ms))
+                oldest.add_metric(labels, (age_ms or 0) / 1000)
         yield from tc.values()
         yield from gc.values()
-        yield from (t_msgs, t_bytes, backlog, delayed, inflight)
+        yield from (t_msgs, t_bytes, pending, delayed, inflight, oldest)
 
 
 def _totals(overview: dict[str, Any]) -> Iterator[Metric]:
@@ -170,6 +220,10 @@ class NodeMetrics:
     def __init__(self, raft: Raft, topics: int | None = DEFAULT_TOPICS) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(BrokerCollector(raft, topics))
+        # The process-wide collectors prometheus_client puts in its default registry (CPU,
+        # memory, open files; GC passes; Python version): shared objects, read at scrape.
+        for collector in (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR):
+            self.registry.register(collector)
         self.requests = Counter(
             "raftq_http_requests",
             "HTTP requests answered",

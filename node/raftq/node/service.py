@@ -189,6 +189,9 @@ class BrokerService:
             "consumer ids held by open connections (long polls, streams)",
             lambda: len(self.held_consumers),
         )
+        self.metrics.gauge(
+            "raftq_ready", "1 when /readyz answers 200", lambda: self.readiness()["ready"]
+        )
 
     # ------------------------------------------------------------------ leadership
 

@@ -73,9 +73,9 @@ Modules, one job each: ``_node`` (RaftNode: start, wiring, public API), ``_seam`
 ``_ticks`` (who ticks when), ``_proposals`` (proposals and outcomes), ``_replication`` (sends
 and acks), ``_inbound`` (received messages and connections), ``_elections`` (timeouts and
 pre-vote), ``_membership`` (safe membership changes), ``_peers`` (what peers take part in),
-``_reads`` (read barriers), ``_snapshots``, ``_files`` (data dir lock, commit mark), ``_wire``
-(bytes on the wire), ``_tuning`` (constants and their measurements), ``_types`` (public
-types).
+``_reads`` (read barriers), ``_events`` (INFO lines: elections, leaders, members),
+``_snapshots``, ``_files`` (data dir lock, commit mark), ``_wire`` (bytes on the wire),
+``_tuning`` (constants and their measurements), ``_types`` (public types).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from raftq.cluster.entry import encode_entry
 from raftq.cluster.raft._elections import Elections, PreVote
+from raftq.cluster.raft._events import Changes
 from raftq.cluster.raft._files import CommitMarks, align_journal, lock_data_dir
 from raftq.cluster.raft._inbound import Inbound
 from raftq.cluster.raft._membership import NOTICE_WAIT, PROBE_TIMEOUT, Membership, probe
@@ -147,6 +148,7 @@ class RaftNode:
         )
         self._proposals = Proposals(self)
         self._members = Membership(self)
+        self._changes = Changes(self)  # the INFO lines for elections, leaders, members
         self._changing = False  # a membership change is being made through this node
         self._sealer: _Sealer | None = None
         self._inbound = Inbound(self)

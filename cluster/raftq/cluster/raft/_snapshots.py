@@ -153,8 +153,15 @@ class _Snapshots:
         if status == 0:
             self.rearm()
             self._tx.clear()
+            ms = int((time.monotonic() - self._started) * 1000)
             self._owner.stats["snapshots"] += 1
-            self._owner.stats["last_snapshot_ms"] = int((time.monotonic() - self._started) * 1000)
+            self._owner.stats["last_snapshot_ms"] = ms
+            log.info(
+                "raft %s: snapshot up to entry %s written in %d ms",
+                self._owner.config.node_id,
+                self._id,
+                ms,
+            )
             return SERIALIZER_STATE.SUCCESS, self._id
         log.error(
             "snapshot %s: writer failed (status %d); journal kept, retrying in 30 s",
@@ -198,6 +205,13 @@ class _Snapshots:
             last_e, prev_e, nodes, snap = loaded if loaded is not None else self.load()
             cluster = [make_node(addr, nid, api) for addr, nid, api in nodes]
             self._owner._restore(snap, nodes, last_e[1], install=self.installed)
+            log.info(
+                "raft %s: %s snapshot up to entry %d (%d bytes of state)",
+                self._owner.config.node_id,
+                "installed the leader's" if self.installed else "loaded the",
+                last_e[1],
+                len(snap),
+            )
         except Exception as e:
             err = e if isinstance(e, StorageError) else StorageError(f"{self._path}: {e!r}")
             self._owner._fail(err)
@@ -242,6 +256,11 @@ class _Snapshots:
         except StorageCorrupt as e:
             log.error("%s; waiting for the leader to resend", e)
             return False
+        log.info(
+            "raft %s: received a snapshot from the leader (%d bytes); installing it",
+            self._owner.config.node_id,
+            len(blob),
+        )
         if self._disk is not None and self._path is not None:
             # Our own writer may still be busy with an older state: stop it, or its rename
             # could land after ours and put the older snapshot back (found by the power-loss

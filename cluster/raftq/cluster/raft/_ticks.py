@@ -207,6 +207,8 @@ class Ticks:
         if node._reads.waiting:
             node._reads.check()
         node._proposals.deliver_all()
+        if not self.closed:
+            node._changes.check()
 
     # ------------------------------------------------------------------ a leader's loop ticks
 
