@@ -19,7 +19,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import msgpack
@@ -39,6 +39,23 @@ from raftq.client.errors import (
     error_from_body,
 )
 from raftq.client.transport import AsyncTransport, TLSFailed, tls_failure
+from raftq.client.types import (
+    ClusterInfo,
+    Created,
+    Deleted,
+    GroupConfigured,
+    GroupInfo,
+    Membership,
+    PeekedMessage,
+    Purged,
+    Redriven,
+    Released,
+    SettleResult,
+    TokenInfo,
+    TopicConfigured,
+    TopicInfo,
+    TopicsPage,
+)
 
 # A node that does not accept a connection within this long is taken for down (they are on a
 # LAN or loopback); the next node is tried.
@@ -562,17 +579,17 @@ class AsyncClient:
 
     # ------------------------------------------------------------------ cluster
 
-    async def cluster(self) -> Any:
-        body = await self.request(rq.cluster())
+    async def cluster(self) -> ClusterInfo:
+        body: ClusterInfo = await self.request(rq.cluster())
         self.endpoints.learn(core.leader_from_cluster(body))
         return body
 
-    async def add_member(self, node_id: str, raft: str, api: str) -> Any:
+    async def add_member(self, node_id: str, raft: str, api: str) -> Membership:
         """Add a node to the cluster (start it first, with every member as a peer)."""
-        return await self.request(rq.add_member(node_id, raft, api))
+        return cast(Membership, await self.request(rq.add_member(node_id, raft, api)))
 
-    async def remove_member(self, node_id: str) -> Any:
-        return await self.request(rq.remove_member(node_id))
+    async def remove_member(self, node_id: str) -> Membership:
+        return cast(Membership, await self.request(rq.remove_member(node_id)))
 
     # ------------------------------------------------------------------ tokens (cluster flag)
 
@@ -583,20 +600,22 @@ class AsyncClient:
         *,
         cluster: bool = False,
         expires_in: float | None = None,
-    ) -> Any:
+    ) -> TokenInfo:
         """A new API token: the answer's ``token`` is its secret, shown only this once.
         ``grants``: ``[{"topics": "orders.*", "actions": ["publish", "consume"]}]``."""
-        return await self.request(rq.create_token(name, grants, cluster, expires_in))
+        return cast(
+            TokenInfo, await self.request(rq.create_token(name, grants, cluster, expires_in))
+        )
 
-    async def list_tokens(self) -> list[Any]:
+    async def list_tokens(self) -> list[TokenInfo]:
         return list((await self.request(rq.list_tokens()))["tokens"])
 
-    async def token(self, token_id: str) -> Any:
-        return await self.request(rq.token(token_id))
+    async def token(self, token_id: str) -> TokenInfo:
+        return cast(TokenInfo, await self.request(rq.token(token_id)))
 
-    async def update_token(self, token_id: str, **changes: Any) -> Any:
+    async def update_token(self, token_id: str, **changes: Any) -> TokenInfo:
         """Change ``disabled``, ``name``, ``grants``, ``cluster`` or ``expires_in``."""
-        return await self.request(rq.update_token(token_id, changes))
+        return cast(TokenInfo, await self.request(rq.update_token(token_id, changes)))
 
     async def revoke_token(self, token_id: str) -> Any:
         """Revoke a token: every node refuses it once the revoke is applied there."""
@@ -610,8 +629,10 @@ class AsyncClient:
         config: Mapping[str, Any] | None = None,
         groups: Sequence[Mapping[str, Any]] | None = None,
         if_not_exists: bool = False,
-    ) -> Any:
-        return await self.request(rq.create_topic(topic, config, groups, if_not_exists))
+    ) -> Created:
+        return cast(
+            Created, await self.request(rq.create_topic(topic, config, groups, if_not_exists))
+        )
 
     async def list_topics(self) -> list[str]:
         """Every topic name the token has a right on, in name order (page after page)."""
@@ -624,22 +645,24 @@ class AsyncClient:
             if after is None:
                 return names
 
-    async def list_topics_page(self, after: str | None = None, limit: int | None = None) -> Any:
+    async def list_topics_page(
+        self, after: str | None = None, limit: int | None = None
+    ) -> TopicsPage:
         """One page of topic names: ``{"topics": [...], "next": <the after of the next page,
         or None on the last>}`` (the server's page size when ``limit`` is None)."""
-        return await self.request(rq.list_topics(after, limit))
+        return cast(TopicsPage, await self.request(rq.list_topics(after, limit)))
 
-    async def topic(self, topic: str) -> Any:
-        return await self.request(rq.topic(topic))
+    async def topic(self, topic: str) -> TopicInfo:
+        return cast(TopicInfo, await self.request(rq.topic(topic)))
 
-    async def update_topic(self, topic: str, config: Mapping[str, Any]) -> Any:
-        return await self.request(rq.update_topic(topic, config))
+    async def update_topic(self, topic: str, config: Mapping[str, Any]) -> TopicConfigured:
+        return cast(TopicConfigured, await self.request(rq.update_topic(topic, config)))
 
-    async def delete_topic(self, topic: str) -> Any:
-        return await self.request(rq.delete_topic(topic))
+    async def delete_topic(self, topic: str) -> Deleted:
+        return cast(Deleted, await self.request(rq.delete_topic(topic)))
 
-    async def purge(self, topic: str) -> Any:
-        return await self.request(rq.purge(topic))
+    async def purge(self, topic: str) -> Purged:
+        return cast(Purged, await self.request(rq.purge(topic)))
 
     async def create_group(
         self,
@@ -648,17 +671,21 @@ class AsyncClient:
         config: Mapping[str, Any] | None = None,
         start: str = "latest",
         if_not_exists: bool = False,
-    ) -> Any:
-        return await self.request(rq.create_group(topic, group, config, start, if_not_exists))
+    ) -> Created:
+        return cast(
+            Created, await self.request(rq.create_group(topic, group, config, start, if_not_exists))
+        )
 
-    async def group(self, topic: str, group: str) -> Any:
-        return await self.request(rq.group(topic, group))
+    async def group(self, topic: str, group: str) -> GroupInfo:
+        return cast(GroupInfo, await self.request(rq.group(topic, group)))
 
-    async def update_group(self, topic: str, group: str, config: Mapping[str, Any]) -> Any:
-        return await self.request(rq.update_group(topic, group, config))
+    async def update_group(
+        self, topic: str, group: str, config: Mapping[str, Any]
+    ) -> GroupConfigured:
+        return cast(GroupConfigured, await self.request(rq.update_group(topic, group, config)))
 
-    async def delete_group(self, topic: str, group: str) -> Any:
-        return await self.request(rq.delete_group(topic, group))
+    async def delete_group(self, topic: str, group: str) -> Deleted:
+        return cast(Deleted, await self.request(rq.delete_group(topic, group)))
 
     # ------------------------------------------------------------------ publish
 
@@ -897,17 +924,19 @@ class AsyncClient:
                 if not msg.settled:
                     await msg.extend(period * 2)
 
-    async def ack(self, receipts: Sequence[str]) -> Any:
-        return await self._settle(rq.settle("ack", receipts))
+    async def ack(self, receipts: Sequence[str]) -> SettleResult:
+        return cast(SettleResult, await self._settle(rq.settle("ack", receipts)))
 
-    async def nack(self, receipts: Sequence[str], delay: float | None = None) -> Any:
-        return await self._settle(rq.settle("nack", receipts, delay=delay))
+    async def nack(self, receipts: Sequence[str], delay: float | None = None) -> SettleResult:
+        return cast(SettleResult, await self._settle(rq.settle("nack", receipts, delay=delay)))
 
-    async def extend(self, receipts: Sequence[str], seconds: float) -> Any:
-        return await self._settle(rq.settle("extend", receipts, seconds=seconds))
+    async def extend(self, receipts: Sequence[str], seconds: float) -> SettleResult:
+        return cast(
+            SettleResult, await self._settle(rq.settle("extend", receipts, seconds=seconds))
+        )
 
-    async def term(self, receipts: Sequence[str], reason: str = "terminated") -> Any:
-        return await self._settle(rq.settle("term", receipts, reason=reason))
+    async def term(self, receipts: Sequence[str], reason: str = "terminated") -> SettleResult:
+        return cast(SettleResult, await self._settle(rq.settle("term", receipts, reason=reason)))
 
     async def _settle(self, req: core.Request, maybe_applied: bool = False) -> Any:
         res = await self.request(req)
@@ -937,13 +966,15 @@ class AsyncClient:
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_ignore_result)
 
-    async def release(self, consumer: str) -> Any:
-        return await self.request(rq.release(consumer))
+    async def release(self, consumer: str) -> Released:
+        return cast(Released, await self.request(rq.release(consumer)))
 
     # ------------------------------------------------------------------ dead letters
 
-    async def peek(self, topic: str, from_seq: int | None = None, limit: int = 10) -> list[Any]:
+    async def peek(
+        self, topic: str, from_seq: int | None = None, limit: int = 10
+    ) -> list[PeekedMessage]:
         return list((await self.request(rq.peek(topic, from_seq, limit)))["messages"])
 
-    async def redrive(self, topic: str, max: int = 100) -> Any:
-        return await self.request(rq.redrive(topic, max))
+    async def redrive(self, topic: str, max: int = 100) -> Redriven:
+        return cast(Redriven, await self.request(rq.redrive(topic, max)))

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from raftq.client._sync import Client
@@ -354,7 +354,7 @@ def _topic_show(args: argparse.Namespace, c: Client) -> int:
     return _emit(args, s, human)
 
 
-def _groups_table(groups: list[dict[str, Any]]) -> str:
+def _groups_table(groups: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         [
             g.get("group"),
@@ -550,7 +550,7 @@ def _grants_text(grants: list[dict[str, Any]]) -> str:
     return " ".join(f"{g['topics']}={','.join(g['actions'])}" for g in grants) or "-"
 
 
-def _tokens_table(tokens: list[dict[str, Any]]) -> str:
+def _tokens_table(tokens: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         [t["id"], t["name"], _grants_text(t.get("grants") or []),
          "yes" if t.get("cluster") else "", "yes" if t.get("disabled") else "",
