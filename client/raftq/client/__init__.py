@@ -5,7 +5,7 @@ Errors are in ``raftq.client.errors`` (tree drawn in its docstring); the answers
 (``TypedDict``s: plain dicts at run time) in ``raftq.client.types``.
 """
 
-from raftq.client._async import AsyncClient, AsyncMessage
+from raftq.client._async import AsyncClient, AsyncMessage, Subscription
 from raftq.client._sync import Client, Message
 from raftq.client.errors import (
     Conflict,
@@ -86,6 +86,7 @@ __all__ = [
     "ServerError",
     "SettleError",
     "SettleResult",
+    "Subscription",
     "TLSError",
     "TokenExists",
     "TokenInfo",

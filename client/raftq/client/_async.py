@@ -17,7 +17,7 @@ import os
 import secrets
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, cast
 
@@ -29,6 +29,7 @@ from raftq.client import _http as http
 from raftq.client import _requests as rq
 from raftq.client import _tls
 from raftq.client._coalesce import Coalescer
+from raftq.client._events import DisconnectHook, Events, LeaderHook, log
 from raftq.client._message import Delivery
 from raftq.client.errors import (
     RaftqError,
@@ -123,6 +124,22 @@ class AsyncMessage(Delivery):
     async def term(self, reason: str = "terminated") -> None:
         await self._do("term", reason=reason)
         self.settled = True
+
+    @contextlib.asynccontextmanager
+    async def process(self, nack_delay: float | None = None) -> AsyncIterator[AsyncMessage]:
+        """``async with msg.process():`` acks the message when the block ends normally and
+        nacks it (redelivered after ``nack_delay``, default the group's backoff) when it
+        raises, then lets the exception through (as aio-pika's ``process``). A message the
+        block settled itself is left alone. Cancelled (or a ``BaseException``), it is not
+        settled: it comes back when its consumer is released or its visibility expires."""
+        try:
+            yield self
+        except Exception:
+            if not self.settled:
+                await self.nack(nack_delay)
+            raise
+        if not self.settled:
+            await self.ack()
 
 
 class _StreamClosed(Exception):
@@ -280,6 +297,7 @@ class _Publisher:
         """Stop using ``st`` (closed, or it left a publish unanswered); the next one opens anew."""
         if self.stream is st:
             self.stream = None
+            log.info("publish stream to %s dropped (code %s)", st.url, st.close_code)
         self.client._spawn(_close_within(st, CLOSE_TIMEOUT))
 
     async def _open(self) -> None:
@@ -397,6 +415,9 @@ class AsyncClient:
         ca: _tls.CA | None = None,
         cert: str | os.PathLike[str] | None = None,
         key: str | os.PathLike[str] | None = None,
+        on_leader_change: LeaderHook | None = None,
+        on_disconnect: DisconnectHook | None = None,
+        max_pending: int | None = 10_000,
     ) -> None:
         """``transport``: what sends the HTTP requests (``raftq.client.transport.AsyncTransport``;
         by default ``_http.HttpPool``). The client closes it at ``close``. WebSockets (the
@@ -418,8 +439,28 @@ class AsyncClient:
 
         ``token``: the API token (``rq_<id>.<secret>``) sent as ``Authorization: Bearer``;
         by default ``RAFTQ_TOKEN`` from the environment, if set (an ``Authorization`` from
-        ``http_headers`` then wins; with ``token=`` it is an error); ``""``: none."""
-        self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
+        ``http_headers`` then wins; with ``token=`` it is an error); ``""``: none.
+
+        ``max_pending``: how many ``publish_nowait`` messages may await their answer at once
+        (default 10,000; None: no bound); past it, ``publish_nowait`` waits for one to be
+        answered (the producer is slowed to what the cluster takes, as nats.py's
+        ``publish_async`` with its pending limit).
+
+        ``on_leader_change(old, new)``: called when the client learns of a leader other than
+        the last one it knew (``old`` None for the first), with their URLs.
+        ``on_disconnect(url, error)``: called when a node cannot be reached or drops a
+        connection or a stream. Both run on the event loop and must not block; what they raise is
+        logged and ignored. The client logs to ``logging.getLogger("raftq.client")``: retries
+        at DEBUG, leader changes and lost nodes at INFO."""
+        self._events = Events(on_leader_change, on_disconnect)
+        if max_pending is not None and max_pending < 1:
+            raise ValueError("max_pending must be at least 1 (None: no bound)")
+        # ``publish_nowait`` futures not yet resolved: past ``max_pending``, it waits.
+        self._pending_slots = asyncio.Semaphore(max_pending) if max_pending else None
+        self.endpoints = core.Endpoints(
+            [urls] if isinstance(urls, str) else list(urls),
+            on_leader_change=self._events.leader_changed,
+        )
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
         self.attempt_timeout = attempt_timeout
@@ -528,6 +569,7 @@ class AsyncClient:
                     unknown = err
                 if core.node_failed(err):
                     self.endpoints.failed(url)
+                    self._events.disconnected(url, err)
                 elif err.server_code == "no_leader":
                     self.endpoints.no_leader(url)
                 delay = core.retry_delay(err, req, attempt, end - time.monotonic())
@@ -536,6 +578,7 @@ class AsyncClient:
                     if final is err:
                         raise
                     raise final from err
+                self._events.retrying(req, url, err, delay, attempt)
                 attempt += 1
                 self.retries += 1
                 await asyncio.sleep(delay)
@@ -704,7 +747,7 @@ class AsyncClient:
         seq: int = await self._coalescer(topic).submit(message)
         return seq
 
-    def publish_nowait(
+    async def publish_nowait(
         self,
         topic: str,
         payload: bytes | str,
@@ -713,11 +756,17 @@ class AsyncClient:
         key: str | None = None,
         delay: float | None = None,
     ) -> asyncio.Future[int]:
-        """Like ``publish``, without waiting: returns a future of the sequence number (as NATS
-        ``publish_async``). Many outstanding futures share batch requests; bound how many you
-        keep in flight yourself. Call it from a running event loop."""
+        """Like ``publish``, without waiting for the answer: returns a future of the sequence
+        number (as nats.py's JetStream ``publish_async``). Outstanding messages share batch
+        requests. Returns at once unless ``max_pending`` messages (the constructor's) await
+        their answers: it then waits until one is answered (back-pressure)."""
         message = core.message_body(self.producer, payload, headers, key, delay)
+        slots = self._pending_slots
+        if slots is not None:
+            await slots.acquire()
         fut: asyncio.Future[int] = self._coalescer(topic).submit_nowait(message)
+        if slots is not None:
+            fut.add_done_callback(lambda _: slots.release())
         return fut
 
     def _coalescer(self, topic: str) -> Coalescer:
@@ -831,6 +880,29 @@ class AsyncClient:
         finally:
             await self._release_quietly(consumer)
 
+    async def subscribe(
+        self,
+        topic: str,
+        group: str,
+        handler: Callable[[AsyncMessage], Awaitable[None]],
+        *,
+        concurrency: int = 10,
+        wait: float = 20.0,
+        visibility: float | None = None,
+        nack_delay: float | None = None,
+    ) -> Subscription:
+        """Call ``handler(msg)`` for each message of ``topic``/``group``, up to
+        ``concurrency`` at once, in ``msg.process()``: acked when the handler returns, nacked
+        (redelivered after ``nack_delay``) when it raises (logged at WARNING). The group must
+        exist (checked here, so a wrong name fails now). Returns a ``Subscription``; its
+        ``stop()`` ends it, letting running handlers finish."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        await self.group(topic, group)
+        sub = Subscription(self, topic, group, handler, concurrency, wait, visibility, nack_delay)
+        sub.start()
+        return sub
+
     async def _release_quietly(self, consumer: str) -> None:
         if consumer not in self._consumers:
             return
@@ -872,7 +944,11 @@ class AsyncClient:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(st.close())
             # The socket closed under us (leader change, node stop): reconnect, asking anew
-            # who leads. (No cooldown for ``st.url``: aiohttp may have followed a redirect from
+            # who leads.
+            log.info("consume stream %s/%s to %s closed (code %s): reconnecting", topic, group,
+                     st.url, st.close_code)  # fmt: skip
+            self._events.disconnected(st.url, ConnectionError(f"stream closed ({st.close_code})"))
+            # (No cooldown for ``st.url``: aiohttp may have followed a redirect from
             # it, and a node that is really down fails to connect and is passed over then.)
             self.endpoints.no_leader(st.url)
             attempt += 1
@@ -912,6 +988,7 @@ class AsyncClient:
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
                 last = core.unavailable(url, e, sent=False)
                 self.endpoints.failed(url)
+                self._events.disconnected(url, last)
             delay = core.retry_delay(last, req, attempt, end - time.monotonic())
             attempt += 1
             await asyncio.sleep(delay or 0.05)
@@ -978,3 +1055,104 @@ class AsyncClient:
 
     async def redrive(self, topic: str, max: int = 100) -> Redriven:
         return cast(Redriven, await self.request(rq.redrive(topic, max)))
+
+
+class Subscription:
+    """A running ``AsyncClient.subscribe``: one task receives as many messages as there are
+    free handler slots (long polls, its own consumer id), one task per message runs the
+    handler. ``stop()`` ends it; ``wait()`` waits for it to end (raising what ended it, e.g.
+    ``GroupNotFound`` if the group was deleted)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        topic: str,
+        group: str,
+        handler: Callable[[AsyncMessage], Awaitable[None]],
+        concurrency: int,
+        wait: float,
+        visibility: float | None,
+        nack_delay: float | None,
+    ) -> None:
+        self.topic = topic
+        self.group = group
+        self.concurrency = concurrency
+        self.consumer = f"{client.producer.id}-{secrets.token_hex(4)}"
+        self._client = client
+        self._handler = handler
+        self._wait = wait
+        self._visibility = visibility
+        self._nack_delay = nack_delay
+        self._slots = asyncio.Semaphore(concurrency)
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._receiver: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._client._consumers.add(self.consumer)  # (released by close() if never stopped)
+        self._receiver = asyncio.create_task(self._receive())
+
+    @property
+    def running(self) -> int:
+        """Handlers running now."""
+        return len(self._handlers)
+
+    async def _receive(self) -> None:
+        c = self._client
+        while True:
+            await self._slots.acquire()
+            free = 1
+            while not self._slots.locked() and free < self.concurrency:
+                await self._slots.acquire()  # (does not wait: a slot is free)
+                free += 1
+            try:
+                batch = await c.receive(
+                    self.topic, self.group, max=free, wait=self._wait,
+                    visibility=self._visibility, consumer=self.consumer,
+                )  # fmt: skip
+            except UnknownOutcome:
+                batch = []  # what it may have delivered comes back after its deadline
+            except BaseException:
+                for _ in range(free):
+                    self._slots.release()
+                raise
+            for _ in range(free - len(batch)):
+                self._slots.release()
+            for msg in batch:
+                task = asyncio.create_task(self._handle(msg))
+                self._handlers.add(task)
+                task.add_done_callback(self._handlers.discard)
+
+    async def _handle(self, msg: AsyncMessage) -> None:
+        try:
+            async with msg.process(self._nack_delay):
+                await self._handler(msg)
+        except Exception as e:  # (nacked by process() unless settling it failed)
+            log.warning(
+                "%s/%s seq %d: %s: %s", self.topic, self.group, msg.seq, type(e).__name__, e,
+                exc_info=not isinstance(e, RaftqError),
+            )  # fmt: skip
+        finally:
+            self._slots.release()
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop receiving, let running handlers finish (cancelled after ``timeout``), then
+        release what this subscription still holds, for other consumers."""
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._receiver
+        if self._handlers:
+            _, late = await asyncio.wait(set(self._handlers), timeout=timeout)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+        await self._client._release_quietly(self.consumer)
+
+    async def wait(self) -> None:
+        """Until the subscription ends: by ``stop()``, or by an error receiving (raised)."""
+        if self._receiver is not None:
+            await asyncio.wait([self._receiver])
+            failure = None if self._receiver.cancelled() else self._receiver.exception()
+            if failure is not None:
+                raise failure

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from raftq.client import _core as core
 from raftq.client import _requests as rq
 from raftq.client import _tls
+from raftq.client._events import DisconnectHook, Events, LeaderHook
 from raftq.client._http_sync import SyncHttpPool
 from raftq.client._message import Delivery
 from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome
@@ -70,6 +71,21 @@ class Message(Delivery):
         self._client.term([self.receipt], reason=reason)
         self.settled = True
 
+    @contextlib.contextmanager
+    def process(self, nack_delay: float | None = None) -> Iterator[Message]:
+        """``with msg.process():`` acks the message when the block ends normally and nacks it
+        (redelivered after ``nack_delay``, default the group's backoff) when it raises, then
+        lets the exception through. A message the block settled itself is left alone; after a
+        ``BaseException`` (KeyboardInterrupt) it is not settled."""
+        try:
+            yield self
+        except Exception:
+            if not self.settled:
+                self.nack(nack_delay)
+            raise
+        if not self.settled:
+            self.ack()
+
 
 class Client:
     def __init__(
@@ -86,6 +102,8 @@ class Client:
         ca: _tls.CA | None = None,
         cert: str | os.PathLike[str] | None = None,
         key: str | os.PathLike[str] | None = None,
+        on_leader_change: LeaderHook | None = None,
+        on_disconnect: DisconnectHook | None = None,
     ) -> None:
         """``transport``: what sends the HTTP requests (``raftq.client.transport.Transport``;
         by default kept-alive ``http.client`` connections). The client closes it at ``close``.
@@ -106,8 +124,19 @@ class Client:
 
         ``token``: the API token (``rq_<id>.<secret>``) sent as ``Authorization: Bearer``;
         by default ``RAFTQ_TOKEN`` from the environment, if set (an ``Authorization`` from
-        ``http_headers`` then wins; with ``token=`` it is an error); ``""``: none."""
-        self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
+        ``http_headers`` then wins; with ``token=`` it is an error); ``""``: none.
+
+        ``on_leader_change(old, new)``: called when the client learns of a leader other than
+        the last one it knew (``old`` None for the first), with their URLs.
+        ``on_disconnect(url, error)``: called when a node cannot be reached or drops a
+        connection. Both run in the calling thread and must not block; what they raise is
+        logged and ignored. The client logs to ``logging.getLogger("raftq.client")``: retries
+        at DEBUG, leader changes and lost nodes at INFO."""
+        self._events = Events(on_leader_change, on_disconnect)
+        self.endpoints = core.Endpoints(
+            [urls] if isinstance(urls, str) else list(urls),
+            on_leader_change=self._events.leader_changed,
+        )
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
         self.attempt_timeout = attempt_timeout
@@ -164,6 +193,7 @@ class Client:
                     unknown = err
                 if core.node_failed(err):
                     self.endpoints.failed(url)
+                    self._events.disconnected(url, err)
                 elif err.server_code == "no_leader":
                     self.endpoints.no_leader(url)
                 delay = core.retry_delay(err, req, attempt, end - time.monotonic())
@@ -172,6 +202,7 @@ class Client:
                     if final is err:
                         raise
                     raise final from err
+                self._events.retrying(req, url, err, delay, attempt)
                 attempt += 1
                 self.retries += 1
                 time.sleep(delay)

@@ -7,8 +7,6 @@ depending on the call or the server version. Counters come as ``<name>_total`` k
 at run time.
 """
 
-from __future__ import annotations
-
 from typing import Any, NotRequired, TypedDict
 
 __all__ = [
