@@ -476,6 +476,7 @@ class AsyncClient:
         self._session: aiohttp.ClientSession | None = None
         # Consumers whose loop has not finished: close() releases them before it goes.
         self._consumers: set[str] = set()
+        self._subscriptions: set[Subscription] = set()
         self._coalescers: dict[str, Coalescer] = {}
         self._closed = False
         self._pending_acks: list[str] = []
@@ -495,9 +496,12 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        """Release the deliveries of consume loops left open, then close the connections.
+        """Stop subscriptions, release the deliveries of consume loops left open, then close
+        the connections.
         (A loop left with ``break`` is finalized by the event loop a moment later.) Messages
         given to ``publish_nowait`` are sent first, within the client's timeout."""
+        for sub in list(self._subscriptions):
+            await sub.stop(self.timeout)
         if self._coalescers:  # all together, within one timeout
             await asyncio.gather(*(c.flush(self.timeout) for c in self._coalescers.values()))
         if self._background:
@@ -1059,8 +1063,10 @@ class AsyncClient:
 
 class Subscription:
     """A running ``AsyncClient.subscribe``: one task receives as many messages as there are
-    free handler slots (long polls, its own consumer id), one task per message runs the
-    handler. ``stop()`` ends it; ``wait()`` waits for it to end (raising what ended it, e.g.
+    free handler slots (long polls), one task per message runs the handler. Each poll has a
+    consumer id of its own: the server releases what a poll's consumer holds when the poll's
+    connection drops, so ``stop()`` can cut a poll short without taking messages away from
+    running handlers. ``wait()`` waits for the end (raising what ended it, e.g.
     ``GroupNotFound`` if the group was deleted)."""
 
     def __init__(
@@ -1077,18 +1083,19 @@ class Subscription:
         self.topic = topic
         self.group = group
         self.concurrency = concurrency
-        self.consumer = f"{client.producer.id}-{secrets.token_hex(4)}"
+        self._prefix = f"{client.producer.id}-{secrets.token_hex(4)}"
+        self._polls = 0
         self._client = client
         self._handler = handler
         self._wait = wait
         self._visibility = visibility
         self._nack_delay = nack_delay
         self._slots = asyncio.Semaphore(concurrency)
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._handlers: dict[asyncio.Task[None], str] = {}  # -> the consumer id of its message
         self._receiver: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._client._consumers.add(self.consumer)  # (released by close() if never stopped)
+        self._client._subscriptions.add(self)
         self._receiver = asyncio.create_task(self._receive())
 
     @property
@@ -1104,10 +1111,12 @@ class Subscription:
             while not self._slots.locked() and free < self.concurrency:
                 await self._slots.acquire()  # (does not wait: a slot is free)
                 free += 1
+            self._polls += 1
+            consumer = f"{self._prefix}-{self._polls}"
             try:
                 batch = await c.receive(
                     self.topic, self.group, max=free, wait=self._wait,
-                    visibility=self._visibility, consumer=self.consumer,
+                    visibility=self._visibility, consumer=consumer,
                 )  # fmt: skip
             except UnknownOutcome:
                 batch = []  # what it may have delivered comes back after its deadline
@@ -1119,8 +1128,12 @@ class Subscription:
                 self._slots.release()
             for msg in batch:
                 task = asyncio.create_task(self._handle(msg))
-                self._handlers.add(task)
-                task.add_done_callback(self._handlers.discard)
+                self._handlers[task] = consumer
+                task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._handlers.pop(task, None)
+        self._slots.release()
 
     async def _handle(self, msg: AsyncMessage) -> None:
         try:
@@ -1131,23 +1144,26 @@ class Subscription:
                 "%s/%s seq %d: %s: %s", self.topic, self.group, msg.seq, type(e).__name__, e,
                 exc_info=not isinstance(e, RaftqError),
             )  # fmt: skip
-        finally:
-            self._slots.release()
 
     async def stop(self, timeout: float = 30.0) -> None:
-        """Stop receiving, let running handlers finish (cancelled after ``timeout``), then
-        release what this subscription still holds, for other consumers."""
+        """Stop receiving, let running handlers finish (cancelled after ``timeout``: their
+        messages are then released, for other consumers)."""
+        self._client._subscriptions.discard(self)
         if self._receiver is not None and not self._receiver.done():
-            self._receiver.cancel()
+            self._receiver.cancel()  # (a poll cut short: the server releases what it held)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._receiver
-        if self._handlers:
-            _, late = await asyncio.wait(set(self._handlers), timeout=timeout)
-            for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late)
-        await self._client._release_quietly(self.consumer)
+        if not self._handlers:
+            return
+        _, late = await asyncio.wait(set(self._handlers), timeout=timeout)
+        consumers = {self._handlers[t] for t in late}
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
+        for consumer in consumers:
+            self._client._consumers.add(consumer)
+            await self._client._release_quietly(consumer)
 
     async def wait(self) -> None:
         """Until the subscription ends: by ``stop()``, or by an error receiving (raised)."""
