@@ -225,12 +225,14 @@ async def test_publish_nowait_waits_once_max_pending_messages_await_their_answer
     pool = GatedPool()
     async with AsyncClient(url, transport=pool, max_pending=3, publish_stream=False) as c:
         await c.create_topic(topic)
-        futures = [await c.publish_nowait(topic, b"m%d" % i) for i in range(3)]  # at once
-        fourth = asyncio.create_task(c.publish_nowait(topic, b"m3"))
-        await asyncio.wait_for(_until(lambda: pool.held > 0), 5)
-        await asyncio.sleep(0.05)
-        assert not fourth.done()  # 3 pending: it waits
-        pool.gate.set()
+        try:
+            futures = [await c.publish_nowait(topic, b"m%d" % i) for i in range(3)]  # at once
+            fourth = asyncio.create_task(c.publish_nowait(topic, b"m3"))
+            await asyncio.wait_for(_until(lambda: pool.held > 0), 5)
+            await asyncio.sleep(0.05)
+            assert not fourth.done()  # 3 pending: it waits
+        finally:
+            pool.gate.set()
         futures.append(await asyncio.wait_for(fourth, 5))
         assert [await f for f in futures] == [1, 2, 3, 4]
     assert raft.read(lambda b: b.topic_stats(topic))["messages"] == 4

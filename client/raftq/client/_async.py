@@ -28,7 +28,7 @@ from raftq.client import _core as core
 from raftq.client import _http as http
 from raftq.client import _requests as rq
 from raftq.client import _tls
-from raftq.client._coalesce import Coalescer
+from raftq.client._coalesce import Coalescer, Pending
 from raftq.client._events import DisconnectHook, Events, LeaderHook, log
 from raftq.client._message import Delivery
 from raftq.client.errors import (
@@ -455,8 +455,8 @@ class AsyncClient:
         self._events = Events(on_leader_change, on_disconnect)
         if max_pending is not None and max_pending < 1:
             raise ValueError("max_pending must be at least 1 (None: no bound)")
-        # ``publish_nowait`` futures not yet resolved: past ``max_pending``, it waits.
-        self._pending_slots = asyncio.Semaphore(max_pending) if max_pending else None
+        # Queued publishes not yet answered: past ``max_pending``, ``publish_nowait`` waits.
+        self._pending = Pending(max_pending)
         self.endpoints = core.Endpoints(
             [urls] if isinstance(urls, str) else list(urls),
             on_leader_change=self._events.leader_changed,
@@ -765,12 +765,8 @@ class AsyncClient:
         requests. Returns at once unless ``max_pending`` messages (the constructor's) await
         their answers: it then waits until one is answered (back-pressure)."""
         message = core.message_body(self.producer, payload, headers, key, delay)
-        slots = self._pending_slots
-        if slots is not None:
-            await slots.acquire()
+        await self._pending.room()
         fut: asyncio.Future[int] = self._coalescer(topic).submit_nowait(message)
-        if slots is not None:
-            fut.add_done_callback(lambda _: slots.release())
         return fut
 
     def _coalescer(self, topic: str) -> Coalescer:
@@ -782,7 +778,7 @@ class AsyncClient:
                 res = await self._publish(topic, messages, wait_full=len(messages) == 1)
                 return [int(m["seq"]) for m in res["messages"]]
 
-            coalescer = self._coalescers[topic] = Coalescer(send)
+            coalescer = self._coalescers[topic] = Coalescer(send, pending=self._pending)
         return coalescer
 
     async def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
