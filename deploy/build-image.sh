@@ -15,7 +15,7 @@ if ! "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) or sys.platf
 fi
 ctx="$(mktemp -d)"
 trap 'rm -rf "$ctx"' EXIT
-"$py" -m pip wheel --quiet --wheel-dir "$ctx/wheels" .
+"$py" -m pip wheel --quiet --wheel-dir "$ctx/wheels" '.[server]'
 cp deploy/Dockerfile "$ctx/Dockerfile"
 base="${BASE_IMAGE:-}"
 if [ -z "$base" ]; then

@@ -122,7 +122,7 @@ async def test_publishes_started_without_waiting_each_get_their_own_sequence(
     topic = name()
     async with AsyncClient(url) as c:
         await c.create_topic(topic)
-        futures = [c.publish_nowait(topic, f"m{i}") for i in range(50)]
+        futures = [await c.publish_nowait(topic, f"m{i}") for i in range(50)]
         seqs = [await f for f in futures]
     assert seqs == list(range(1, 51))  # in the order started, one message each
     assert raft.read(lambda br: br.topic_stats(topic))["messages"] == 50

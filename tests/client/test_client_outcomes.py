@@ -297,7 +297,7 @@ async def test_close_sends_what_publish_nowait_accepted() -> None:
         url = f"http://127.0.0.1:{srv.port}"
         async with AsyncClient(url) as c:
             await c.create_topic("t")
-            futures = [c.publish_nowait("t", b"m%d" % i) for i in range(10)]
+            futures = [await c.publish_nowait("t", b"m%d" % i) for i in range(10)]
         assert all(f.done() and not f.exception() for f in futures)
         assert raft.read(lambda b: b.topic_stats("t")["messages"]) == 10
         with pytest.raises(Exception, match="closed"):

@@ -184,3 +184,14 @@ def test_no_leaders_retry_after_does_not_slow_the_election_polling() -> None:
     err.retry_after = 1.0
     delay = core.retry_delay(err, core.Request("GET", "/x"), 10, 5.0)
     assert delay is not None and delay <= core.NO_LEADER_CAP
+
+
+def test_endpoints_tell_of_a_new_leader_once() -> None:
+    calls: list[tuple[str | None, str]] = []
+    ep = core.Endpoints(["http://a:1"], on_leader_change=lambda old, new: calls.append((old, new)))
+    ep.learn("http://a:1")
+    ep.learn("http://a:1")
+    ep.no_leader("http://a:1")  # unsure for a while, then the same leader: no change
+    ep.learn("a:1")
+    ep.learn("http://b:2")
+    assert calls == [(None, "http://a:1"), ("http://a:1", "http://b:2")]

@@ -1,10 +1,11 @@
 """raftq client library: ``AsyncClient`` and its blocking twin ``Client``.
 
 Imports nothing from ``raftq.node`` or ``raftq.cluster``; needs only aiohttp and msgpack.
-Errors are in ``raftq.client.errors`` (tree drawn in its docstring).
+Errors are in ``raftq.client.errors`` (tree drawn in its docstring); the answers' types
+(``TypedDict``s: plain dicts at run time) in ``raftq.client.types``.
 """
 
-from raftq.client._async import AsyncClient, AsyncMessage
+from raftq.client._async import AsyncClient, AsyncMessage, Subscription
 from raftq.client._sync import Client, Message
 from raftq.client.errors import (
     Conflict,
@@ -32,33 +33,70 @@ from raftq.client.errors import (
     Unavailable,
     UnknownOutcome,
 )
+from raftq.client.types import (
+    ClusterInfo,
+    Created,
+    Deleted,
+    GroupConfigured,
+    GroupInfo,
+    Member,
+    Membership,
+    PeekedMessage,
+    Purged,
+    Redriven,
+    Released,
+    SettleError,
+    SettleResult,
+    TokenInfo,
+    TopicConfigured,
+    TopicInfo,
+    TopicsPage,
+)
 
 __all__ = [
     "AsyncClient",
     "AsyncMessage",
     "Client",
+    "ClusterInfo",
     "Conflict",
+    "Created",
+    "Deleted",
     "Forbidden",
+    "GroupConfigured",
     "GroupExists",
+    "GroupInfo",
     "GroupNotFound",
     "InvalidArgument",
     "InvalidName",
+    "Member",
+    "Membership",
     "Message",
     "MessageTooLarge",
     "NotFound",
+    "PeekedMessage",
     "ProtocolError",
+    "Purged",
     "RaftqError",
     "RaftqTimeout",
     "ReceiptError",
     "ReceiptInvalid",
     "ReceiptStale",
+    "Redriven",
+    "Released",
     "ServerError",
+    "SettleError",
+    "SettleResult",
+    "Subscription",
     "TLSError",
     "TokenExists",
+    "TokenInfo",
     "TokenNotFound",
+    "TopicConfigured",
     "TopicExists",
     "TopicFull",
+    "TopicInfo",
     "TopicNotFound",
+    "TopicsPage",
     "Unauthenticated",
     "Unavailable",
     "UnknownOutcome",

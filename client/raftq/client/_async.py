@@ -17,9 +17,9 @@ import os
 import secrets
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import msgpack
@@ -28,7 +28,8 @@ from raftq.client import _core as core
 from raftq.client import _http as http
 from raftq.client import _requests as rq
 from raftq.client import _tls
-from raftq.client._coalesce import Coalescer
+from raftq.client._coalesce import Coalescer, Pending
+from raftq.client._events import DisconnectHook, Events, LeaderHook, log
 from raftq.client._message import Delivery
 from raftq.client.errors import (
     RaftqError,
@@ -39,6 +40,23 @@ from raftq.client.errors import (
     error_from_body,
 )
 from raftq.client.transport import AsyncTransport, TLSFailed, tls_failure
+from raftq.client.types import (
+    ClusterInfo,
+    Created,
+    Deleted,
+    GroupConfigured,
+    GroupInfo,
+    Membership,
+    PeekedMessage,
+    Purged,
+    Redriven,
+    Released,
+    SettleResult,
+    TokenInfo,
+    TopicConfigured,
+    TopicInfo,
+    TopicsPage,
+)
 
 # A node that does not accept a connection within this long is taken for down (they are on a
 # LAN or loopback); the next node is tried.
@@ -106,6 +124,22 @@ class AsyncMessage(Delivery):
     async def term(self, reason: str = "terminated") -> None:
         await self._do("term", reason=reason)
         self.settled = True
+
+    @contextlib.asynccontextmanager
+    async def process(self, nack_delay: float | None = None) -> AsyncIterator[AsyncMessage]:
+        """``async with msg.process():`` acks the message when the block ends normally and
+        nacks it (redelivered after ``nack_delay``, default the group's backoff) when it
+        raises, then lets the exception through (as aio-pika's ``process``). A message the
+        block settled itself is left alone. Cancelled (or a ``BaseException``), it is not
+        settled: it comes back when its consumer is released or its visibility expires."""
+        try:
+            yield self
+        except Exception:
+            if not self.settled:
+                await self.nack(nack_delay)
+            raise
+        if not self.settled:
+            await self.ack()
 
 
 class _StreamClosed(Exception):
@@ -263,6 +297,7 @@ class _Publisher:
         """Stop using ``st`` (closed, or it left a publish unanswered); the next one opens anew."""
         if self.stream is st:
             self.stream = None
+            log.info("publish stream to %s dropped (code %s)", st.url, st.close_code)
         self.client._spawn(_close_within(st, CLOSE_TIMEOUT))
 
     async def _open(self) -> None:
@@ -380,6 +415,9 @@ class AsyncClient:
         ca: _tls.CA | None = None,
         cert: str | os.PathLike[str] | None = None,
         key: str | os.PathLike[str] | None = None,
+        on_leader_change: LeaderHook | None = None,
+        on_disconnect: DisconnectHook | None = None,
+        max_pending: int | None = 10_000,
     ) -> None:
         """``transport``: what sends the HTTP requests (``raftq.client.transport.AsyncTransport``;
         by default ``_http.HttpPool``). The client closes it at ``close``. WebSockets (the
@@ -401,8 +439,28 @@ class AsyncClient:
 
         ``token``: the API token (``rq_<id>.<secret>``) sent as ``Authorization: Bearer``;
         by default ``RAFTQ_TOKEN`` from the environment, if set (an ``Authorization`` from
-        ``http_headers`` then wins; with ``token=`` it is an error); ``""``: none."""
-        self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
+        ``http_headers`` then wins; with ``token=`` it is an error); ``""``: none.
+
+        ``max_pending``: how many ``publish_nowait`` messages may await their answer at once
+        (default 10,000; None: no bound); past it, ``publish_nowait`` waits for one to be
+        answered (the producer is slowed to what the cluster takes, as nats.py's
+        ``publish_async`` with its pending limit).
+
+        ``on_leader_change(old, new)``: called when the client learns of a leader other than
+        the last one it knew (``old`` None for the first), with their URLs.
+        ``on_disconnect(url, error)``: called when a node cannot be reached or drops a
+        connection or a stream. Both run on the event loop and must not block; what they raise is
+        logged and ignored. The client logs to ``logging.getLogger("raftq.client")``: retries
+        at DEBUG, leader changes and lost nodes at INFO."""
+        self._events = Events(on_leader_change, on_disconnect)
+        if max_pending is not None and max_pending < 1:
+            raise ValueError("max_pending must be at least 1 (None: no bound)")
+        # Queued publishes not yet answered: past ``max_pending``, ``publish_nowait`` waits.
+        self._pending = Pending(max_pending)
+        self.endpoints = core.Endpoints(
+            [urls] if isinstance(urls, str) else list(urls),
+            on_leader_change=self._events.leader_changed,
+        )
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
         self.attempt_timeout = attempt_timeout
@@ -418,6 +476,7 @@ class AsyncClient:
         self._session: aiohttp.ClientSession | None = None
         # Consumers whose loop has not finished: close() releases them before it goes.
         self._consumers: set[str] = set()
+        self._subscriptions: set[Subscription] = set()
         self._coalescers: dict[str, Coalescer] = {}
         self._closed = False
         self._pending_acks: list[str] = []
@@ -437,9 +496,12 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        """Release the deliveries of consume loops left open, then close the connections.
+        """Stop subscriptions, release the deliveries of consume loops left open, then close
+        the connections.
         (A loop left with ``break`` is finalized by the event loop a moment later.) Messages
         given to ``publish_nowait`` are sent first, within the client's timeout."""
+        for sub in list(self._subscriptions):
+            await sub.stop(self.timeout)
         if self._coalescers:  # all together, within one timeout
             await asyncio.gather(*(c.flush(self.timeout) for c in self._coalescers.values()))
         if self._background:
@@ -511,6 +573,7 @@ class AsyncClient:
                     unknown = err
                 if core.node_failed(err):
                     self.endpoints.failed(url)
+                    self._events.disconnected(url, err)
                 elif err.server_code == "no_leader":
                     self.endpoints.no_leader(url)
                 delay = core.retry_delay(err, req, attempt, end - time.monotonic())
@@ -519,6 +582,7 @@ class AsyncClient:
                     if final is err:
                         raise
                     raise final from err
+                self._events.retrying(req, url, err, delay, attempt)
                 attempt += 1
                 self.retries += 1
                 await asyncio.sleep(delay)
@@ -562,17 +626,17 @@ class AsyncClient:
 
     # ------------------------------------------------------------------ cluster
 
-    async def cluster(self) -> Any:
-        body = await self.request(rq.cluster())
+    async def cluster(self) -> ClusterInfo:
+        body: ClusterInfo = await self.request(rq.cluster())
         self.endpoints.learn(core.leader_from_cluster(body))
         return body
 
-    async def add_member(self, node_id: str, raft: str, api: str) -> Any:
+    async def add_member(self, node_id: str, raft: str, api: str) -> Membership:
         """Add a node to the cluster (start it first, with every member as a peer)."""
-        return await self.request(rq.add_member(node_id, raft, api))
+        return cast(Membership, await self.request(rq.add_member(node_id, raft, api)))
 
-    async def remove_member(self, node_id: str) -> Any:
-        return await self.request(rq.remove_member(node_id))
+    async def remove_member(self, node_id: str) -> Membership:
+        return cast(Membership, await self.request(rq.remove_member(node_id)))
 
     # ------------------------------------------------------------------ tokens (cluster flag)
 
@@ -583,20 +647,22 @@ class AsyncClient:
         *,
         cluster: bool = False,
         expires_in: float | None = None,
-    ) -> Any:
+    ) -> TokenInfo:
         """A new API token: the answer's ``token`` is its secret, shown only this once.
         ``grants``: ``[{"topics": "orders.*", "actions": ["publish", "consume"]}]``."""
-        return await self.request(rq.create_token(name, grants, cluster, expires_in))
+        return cast(
+            TokenInfo, await self.request(rq.create_token(name, grants, cluster, expires_in))
+        )
 
-    async def list_tokens(self) -> list[Any]:
+    async def list_tokens(self) -> list[TokenInfo]:
         return list((await self.request(rq.list_tokens()))["tokens"])
 
-    async def token(self, token_id: str) -> Any:
-        return await self.request(rq.token(token_id))
+    async def token(self, token_id: str) -> TokenInfo:
+        return cast(TokenInfo, await self.request(rq.token(token_id)))
 
-    async def update_token(self, token_id: str, **changes: Any) -> Any:
+    async def update_token(self, token_id: str, **changes: Any) -> TokenInfo:
         """Change ``disabled``, ``name``, ``grants``, ``cluster`` or ``expires_in``."""
-        return await self.request(rq.update_token(token_id, changes))
+        return cast(TokenInfo, await self.request(rq.update_token(token_id, changes)))
 
     async def revoke_token(self, token_id: str) -> Any:
         """Revoke a token: every node refuses it once the revoke is applied there."""
@@ -610,8 +676,10 @@ class AsyncClient:
         config: Mapping[str, Any] | None = None,
         groups: Sequence[Mapping[str, Any]] | None = None,
         if_not_exists: bool = False,
-    ) -> Any:
-        return await self.request(rq.create_topic(topic, config, groups, if_not_exists))
+    ) -> Created:
+        return cast(
+            Created, await self.request(rq.create_topic(topic, config, groups, if_not_exists))
+        )
 
     async def list_topics(self) -> list[str]:
         """Every topic name the token has a right on, in name order (page after page)."""
@@ -624,22 +692,24 @@ class AsyncClient:
             if after is None:
                 return names
 
-    async def list_topics_page(self, after: str | None = None, limit: int | None = None) -> Any:
+    async def list_topics_page(
+        self, after: str | None = None, limit: int | None = None
+    ) -> TopicsPage:
         """One page of topic names: ``{"topics": [...], "next": <the after of the next page,
         or None on the last>}`` (the server's page size when ``limit`` is None)."""
-        return await self.request(rq.list_topics(after, limit))
+        return cast(TopicsPage, await self.request(rq.list_topics(after, limit)))
 
-    async def topic(self, topic: str) -> Any:
-        return await self.request(rq.topic(topic))
+    async def topic(self, topic: str) -> TopicInfo:
+        return cast(TopicInfo, await self.request(rq.topic(topic)))
 
-    async def update_topic(self, topic: str, config: Mapping[str, Any]) -> Any:
-        return await self.request(rq.update_topic(topic, config))
+    async def update_topic(self, topic: str, config: Mapping[str, Any]) -> TopicConfigured:
+        return cast(TopicConfigured, await self.request(rq.update_topic(topic, config)))
 
-    async def delete_topic(self, topic: str) -> Any:
-        return await self.request(rq.delete_topic(topic))
+    async def delete_topic(self, topic: str) -> Deleted:
+        return cast(Deleted, await self.request(rq.delete_topic(topic)))
 
-    async def purge(self, topic: str) -> Any:
-        return await self.request(rq.purge(topic))
+    async def purge(self, topic: str) -> Purged:
+        return cast(Purged, await self.request(rq.purge(topic)))
 
     async def create_group(
         self,
@@ -648,17 +718,21 @@ class AsyncClient:
         config: Mapping[str, Any] | None = None,
         start: str = "latest",
         if_not_exists: bool = False,
-    ) -> Any:
-        return await self.request(rq.create_group(topic, group, config, start, if_not_exists))
+    ) -> Created:
+        return cast(
+            Created, await self.request(rq.create_group(topic, group, config, start, if_not_exists))
+        )
 
-    async def group(self, topic: str, group: str) -> Any:
-        return await self.request(rq.group(topic, group))
+    async def group(self, topic: str, group: str) -> GroupInfo:
+        return cast(GroupInfo, await self.request(rq.group(topic, group)))
 
-    async def update_group(self, topic: str, group: str, config: Mapping[str, Any]) -> Any:
-        return await self.request(rq.update_group(topic, group, config))
+    async def update_group(
+        self, topic: str, group: str, config: Mapping[str, Any]
+    ) -> GroupConfigured:
+        return cast(GroupConfigured, await self.request(rq.update_group(topic, group, config)))
 
-    async def delete_group(self, topic: str, group: str) -> Any:
-        return await self.request(rq.delete_group(topic, group))
+    async def delete_group(self, topic: str, group: str) -> Deleted:
+        return cast(Deleted, await self.request(rq.delete_group(topic, group)))
 
     # ------------------------------------------------------------------ publish
 
@@ -677,7 +751,7 @@ class AsyncClient:
         seq: int = await self._coalescer(topic).submit(message)
         return seq
 
-    def publish_nowait(
+    async def publish_nowait(
         self,
         topic: str,
         payload: bytes | str,
@@ -686,10 +760,12 @@ class AsyncClient:
         key: str | None = None,
         delay: float | None = None,
     ) -> asyncio.Future[int]:
-        """Like ``publish``, without waiting: returns a future of the sequence number (as NATS
-        ``publish_async``). Many outstanding futures share batch requests; bound how many you
-        keep in flight yourself. Call it from a running event loop."""
+        """Like ``publish``, without waiting for the answer: returns a future of the sequence
+        number (as nats.py's JetStream ``publish_async``). Outstanding messages share batch
+        requests. Returns at once unless ``max_pending`` messages (the constructor's) await
+        their answers: it then waits until one is answered (back-pressure)."""
         message = core.message_body(self.producer, payload, headers, key, delay)
+        await self._pending.room()
         fut: asyncio.Future[int] = self._coalescer(topic).submit_nowait(message)
         return fut
 
@@ -702,7 +778,7 @@ class AsyncClient:
                 res = await self._publish(topic, messages, wait_full=len(messages) == 1)
                 return [int(m["seq"]) for m in res["messages"]]
 
-            coalescer = self._coalescers[topic] = Coalescer(send)
+            coalescer = self._coalescers[topic] = Coalescer(send, pending=self._pending)
         return coalescer
 
     async def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
@@ -804,6 +880,29 @@ class AsyncClient:
         finally:
             await self._release_quietly(consumer)
 
+    async def subscribe(
+        self,
+        topic: str,
+        group: str,
+        handler: Callable[[AsyncMessage], Awaitable[None]],
+        *,
+        concurrency: int = 10,
+        wait: float = 20.0,
+        visibility: float | None = None,
+        nack_delay: float | None = None,
+    ) -> Subscription:
+        """Call ``handler(msg)`` for each message of ``topic``/``group``, up to
+        ``concurrency`` at once, in ``msg.process()``: acked when the handler returns, nacked
+        (redelivered after ``nack_delay``) when it raises (logged at WARNING). The group must
+        exist (checked here, so a wrong name fails now). Returns a ``Subscription``; its
+        ``stop()`` ends it, letting running handlers finish."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        await self.group(topic, group)
+        sub = Subscription(self, topic, group, handler, concurrency, wait, visibility, nack_delay)
+        sub.start()
+        return sub
+
     async def _release_quietly(self, consumer: str) -> None:
         if consumer not in self._consumers:
             return
@@ -845,7 +944,11 @@ class AsyncClient:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(st.close())
             # The socket closed under us (leader change, node stop): reconnect, asking anew
-            # who leads. (No cooldown for ``st.url``: aiohttp may have followed a redirect from
+            # who leads.
+            log.info("consume stream %s/%s to %s closed (code %s): reconnecting", topic, group,
+                     st.url, st.close_code)  # fmt: skip
+            self._events.disconnected(st.url, ConnectionError(f"stream closed ({st.close_code})"))
+            # (No cooldown for ``st.url``: aiohttp may have followed a redirect from
             # it, and a node that is really down fails to connect and is passed over then.)
             self.endpoints.no_leader(st.url)
             attempt += 1
@@ -885,6 +988,7 @@ class AsyncClient:
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
                 last = core.unavailable(url, e, sent=False)
                 self.endpoints.failed(url)
+                self._events.disconnected(url, last)
             delay = core.retry_delay(last, req, attempt, end - time.monotonic())
             attempt += 1
             await asyncio.sleep(delay or 0.05)
@@ -897,17 +1001,19 @@ class AsyncClient:
                 if not msg.settled:
                     await msg.extend(period * 2)
 
-    async def ack(self, receipts: Sequence[str]) -> Any:
-        return await self._settle(rq.settle("ack", receipts))
+    async def ack(self, receipts: Sequence[str]) -> SettleResult:
+        return cast(SettleResult, await self._settle(rq.settle("ack", receipts)))
 
-    async def nack(self, receipts: Sequence[str], delay: float | None = None) -> Any:
-        return await self._settle(rq.settle("nack", receipts, delay=delay))
+    async def nack(self, receipts: Sequence[str], delay: float | None = None) -> SettleResult:
+        return cast(SettleResult, await self._settle(rq.settle("nack", receipts, delay=delay)))
 
-    async def extend(self, receipts: Sequence[str], seconds: float) -> Any:
-        return await self._settle(rq.settle("extend", receipts, seconds=seconds))
+    async def extend(self, receipts: Sequence[str], seconds: float) -> SettleResult:
+        return cast(
+            SettleResult, await self._settle(rq.settle("extend", receipts, seconds=seconds))
+        )
 
-    async def term(self, receipts: Sequence[str], reason: str = "terminated") -> Any:
-        return await self._settle(rq.settle("term", receipts, reason=reason))
+    async def term(self, receipts: Sequence[str], reason: str = "terminated") -> SettleResult:
+        return cast(SettleResult, await self._settle(rq.settle("term", receipts, reason=reason)))
 
     async def _settle(self, req: core.Request, maybe_applied: bool = False) -> Any:
         res = await self.request(req)
@@ -937,13 +1043,128 @@ class AsyncClient:
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_ignore_result)
 
-    async def release(self, consumer: str) -> Any:
-        return await self.request(rq.release(consumer))
+    async def release(self, consumer: str) -> Released:
+        return cast(Released, await self.request(rq.release(consumer)))
 
     # ------------------------------------------------------------------ dead letters
 
-    async def peek(self, topic: str, from_seq: int | None = None, limit: int = 10) -> list[Any]:
+    async def peek(
+        self, topic: str, from_seq: int | None = None, limit: int = 10
+    ) -> list[PeekedMessage]:
         return list((await self.request(rq.peek(topic, from_seq, limit)))["messages"])
 
-    async def redrive(self, topic: str, max: int = 100) -> Any:
-        return await self.request(rq.redrive(topic, max))
+    async def redrive(self, topic: str, max: int = 100) -> Redriven:
+        return cast(Redriven, await self.request(rq.redrive(topic, max)))
+
+
+class Subscription:
+    """A running ``AsyncClient.subscribe``: one task receives as many messages as there are
+    free handler slots (long polls), one task per message runs the handler. Each poll has a
+    consumer id of its own: the server releases what a poll's consumer holds when the poll's
+    connection drops, so ``stop()`` can cut a poll short without taking messages away from
+    running handlers. ``wait()`` waits for the end (raising what ended it, e.g.
+    ``GroupNotFound`` if the group was deleted)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        topic: str,
+        group: str,
+        handler: Callable[[AsyncMessage], Awaitable[None]],
+        concurrency: int,
+        wait: float,
+        visibility: float | None,
+        nack_delay: float | None,
+    ) -> None:
+        self.topic = topic
+        self.group = group
+        self.concurrency = concurrency
+        self._prefix = f"{client.producer.id}-{secrets.token_hex(4)}"
+        self._polls = 0
+        self._client = client
+        self._handler = handler
+        self._wait = wait
+        self._visibility = visibility
+        self._nack_delay = nack_delay
+        self._slots = asyncio.Semaphore(concurrency)
+        self._handlers: dict[asyncio.Task[None], str] = {}  # -> the consumer id of its message
+        self._receiver: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._client._subscriptions.add(self)
+        self._receiver = asyncio.create_task(self._receive())
+
+    @property
+    def running(self) -> int:
+        """Handlers running now."""
+        return len(self._handlers)
+
+    async def _receive(self) -> None:
+        c = self._client
+        while True:
+            await self._slots.acquire()
+            free = 1
+            while not self._slots.locked() and free < self.concurrency:
+                await self._slots.acquire()  # (does not wait: a slot is free)
+                free += 1
+            self._polls += 1
+            consumer = f"{self._prefix}-{self._polls}"
+            try:
+                batch = await c.receive(
+                    self.topic, self.group, max=free, wait=self._wait,
+                    visibility=self._visibility, consumer=consumer,
+                )  # fmt: skip
+            except UnknownOutcome:
+                batch = []  # what it may have delivered comes back after its deadline
+            except BaseException:
+                for _ in range(free):
+                    self._slots.release()
+                raise
+            for _ in range(free - len(batch)):
+                self._slots.release()
+            for msg in batch:
+                task = asyncio.create_task(self._handle(msg))
+                self._handlers[task] = consumer
+                task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._handlers.pop(task, None)
+        self._slots.release()
+
+    async def _handle(self, msg: AsyncMessage) -> None:
+        try:
+            async with msg.process(self._nack_delay):
+                await self._handler(msg)
+        except Exception as e:  # (nacked by process() unless settling it failed)
+            log.warning(
+                "%s/%s seq %d: %s: %s", self.topic, self.group, msg.seq, type(e).__name__, e,
+                exc_info=not isinstance(e, RaftqError),
+            )  # fmt: skip
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop receiving, let running handlers finish (cancelled after ``timeout``: their
+        messages are then released, for other consumers)."""
+        self._client._subscriptions.discard(self)
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.cancel()  # (a poll cut short: the server releases what it held)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._receiver
+        if not self._handlers:
+            return
+        _, late = await asyncio.wait(set(self._handlers), timeout=timeout)
+        consumers = {self._handlers[t] for t in late}
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
+        for consumer in consumers:
+            self._client._consumers.add(consumer)
+            await self._client._release_quietly(consumer)
+
+    async def wait(self) -> None:
+        """Until the subscription ends: by ``stop()``, or by an error receiving (raised)."""
+        if self._receiver is not None:
+            await asyncio.wait([self._receiver])
+            failure = None if self._receiver.cancelled() else self._receiver.exception()
+            if failure is not None:
+                raise failure

@@ -347,8 +347,12 @@ class Endpoints:
     leader: str | None = None
     cooldown: float = 2.0
     clock: Callable[[], float] = time.monotonic
+    # Called as ``on_leader_change(old, new)`` when a leader other than the last one known is
+    # learned (``old`` is None for the first).
+    on_leader_change: Callable[[str | None, str], None] | None = None
     _turn: itertools.count[int] = field(default_factory=itertools.count)
     _down: dict[str, float] = field(default_factory=dict)
+    _known: str | None = None  # the last leader learned (``leader`` is None while unsure)
 
     def __post_init__(self) -> None:
         if not self.seeds:
@@ -395,6 +399,10 @@ class Endpoints:
             self.leader = url
             if url not in self.seeds:
                 self.seeds.append(url)
+            if url != self._known:
+                old, self._known = self._known, url
+                if self.on_leader_change is not None:
+                    self.on_leader_change(old, url)
 
 
 def normalize_url(url: str) -> str:

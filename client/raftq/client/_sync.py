@@ -17,16 +17,34 @@ import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from raftq.client import _core as core
 from raftq.client import _requests as rq
 from raftq.client import _tls
+from raftq.client._events import DisconnectHook, Events, LeaderHook
 from raftq.client._http_sync import SyncHttpPool
 from raftq.client._message import Delivery
 from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome
 from raftq.client.transport import ConnectFailed, HttpError, TLSFailed, Transport
+from raftq.client.types import (
+    ClusterInfo,
+    Created,
+    Deleted,
+    GroupConfigured,
+    GroupInfo,
+    Membership,
+    PeekedMessage,
+    Purged,
+    Redriven,
+    Released,
+    SettleResult,
+    TokenInfo,
+    TopicConfigured,
+    TopicInfo,
+    TopicsPage,
+)
 
 CONNECT_TIMEOUT = 2.0  # as in the async client: a node that does not accept is taken for down
 
@@ -53,6 +71,21 @@ class Message(Delivery):
         self._client.term([self.receipt], reason=reason)
         self.settled = True
 
+    @contextlib.contextmanager
+    def process(self, nack_delay: float | None = None) -> Iterator[Message]:
+        """``with msg.process():`` acks the message when the block ends normally and nacks it
+        (redelivered after ``nack_delay``, default the group's backoff) when it raises, then
+        lets the exception through. A message the block settled itself is left alone; after a
+        ``BaseException`` (KeyboardInterrupt) it is not settled."""
+        try:
+            yield self
+        except Exception:
+            if not self.settled:
+                self.nack(nack_delay)
+            raise
+        if not self.settled:
+            self.ack()
+
 
 class Client:
     def __init__(
@@ -69,6 +102,8 @@ class Client:
         ca: _tls.CA | None = None,
         cert: str | os.PathLike[str] | None = None,
         key: str | os.PathLike[str] | None = None,
+        on_leader_change: LeaderHook | None = None,
+        on_disconnect: DisconnectHook | None = None,
     ) -> None:
         """``transport``: what sends the HTTP requests (``raftq.client.transport.Transport``;
         by default kept-alive ``http.client`` connections). The client closes it at ``close``.
@@ -89,8 +124,19 @@ class Client:
 
         ``token``: the API token (``rq_<id>.<secret>``) sent as ``Authorization: Bearer``;
         by default ``RAFTQ_TOKEN`` from the environment, if set (an ``Authorization`` from
-        ``http_headers`` then wins; with ``token=`` it is an error); ``""``: none."""
-        self.endpoints = core.Endpoints([urls] if isinstance(urls, str) else list(urls))
+        ``http_headers`` then wins; with ``token=`` it is an error); ``""``: none.
+
+        ``on_leader_change(old, new)``: called when the client learns of a leader other than
+        the last one it knew (``old`` None for the first), with their URLs.
+        ``on_disconnect(url, error)``: called when a node cannot be reached or drops a
+        connection. Both run in the calling thread and must not block; what they raise is
+        logged and ignored. The client logs to ``logging.getLogger("raftq.client")``: retries
+        at DEBUG, leader changes and lost nodes at INFO."""
+        self._events = Events(on_leader_change, on_disconnect)
+        self.endpoints = core.Endpoints(
+            [urls] if isinstance(urls, str) else list(urls),
+            on_leader_change=self._events.leader_changed,
+        )
         self.timeout = timeout
         # One try may take this long (plus a long poll's wait) before another node is tried.
         self.attempt_timeout = attempt_timeout
@@ -147,6 +193,7 @@ class Client:
                     unknown = err
                 if core.node_failed(err):
                     self.endpoints.failed(url)
+                    self._events.disconnected(url, err)
                 elif err.server_code == "no_leader":
                     self.endpoints.no_leader(url)
                 delay = core.retry_delay(err, req, attempt, end - time.monotonic())
@@ -155,6 +202,7 @@ class Client:
                     if final is err:
                         raise
                     raise final from err
+                self._events.retrying(req, url, err, delay, attempt)
                 attempt += 1
                 self.retries += 1
                 time.sleep(delay)
@@ -204,17 +252,17 @@ class Client:
 
     # ------------------------------------------------------------------ cluster
 
-    def cluster(self) -> Any:
-        body = self.request(rq.cluster())
+    def cluster(self) -> ClusterInfo:
+        body: ClusterInfo = self.request(rq.cluster())
         self.endpoints.learn(core.leader_from_cluster(body))
         return body
 
-    def add_member(self, node_id: str, raft: str, api: str) -> Any:
+    def add_member(self, node_id: str, raft: str, api: str) -> Membership:
         """Add a node to the cluster (start it first, with every member as a peer)."""
-        return self.request(rq.add_member(node_id, raft, api))
+        return cast(Membership, self.request(rq.add_member(node_id, raft, api)))
 
-    def remove_member(self, node_id: str) -> Any:
-        return self.request(rq.remove_member(node_id))
+    def remove_member(self, node_id: str) -> Membership:
+        return cast(Membership, self.request(rq.remove_member(node_id)))
 
     # ------------------------------------------------------------------ tokens (cluster flag)
 
@@ -225,20 +273,20 @@ class Client:
         *,
         cluster: bool = False,
         expires_in: float | None = None,
-    ) -> Any:
+    ) -> TokenInfo:
         """A new API token: the answer's ``token`` is its secret, shown only this once.
         ``grants``: ``[{"topics": "orders.*", "actions": ["publish", "consume"]}]``."""
-        return self.request(rq.create_token(name, grants, cluster, expires_in))
+        return cast(TokenInfo, self.request(rq.create_token(name, grants, cluster, expires_in)))
 
-    def list_tokens(self) -> list[Any]:
+    def list_tokens(self) -> list[TokenInfo]:
         return list((self.request(rq.list_tokens()))["tokens"])
 
-    def token(self, token_id: str) -> Any:
-        return self.request(rq.token(token_id))
+    def token(self, token_id: str) -> TokenInfo:
+        return cast(TokenInfo, self.request(rq.token(token_id)))
 
-    def update_token(self, token_id: str, **changes: Any) -> Any:
+    def update_token(self, token_id: str, **changes: Any) -> TokenInfo:
         """Change ``disabled``, ``name``, ``grants``, ``cluster`` or ``expires_in``."""
-        return self.request(rq.update_token(token_id, changes))
+        return cast(TokenInfo, self.request(rq.update_token(token_id, changes)))
 
     def revoke_token(self, token_id: str) -> Any:
         """Revoke a token: every node refuses it once the revoke is applied there."""
@@ -252,8 +300,8 @@ class Client:
         config: Mapping[str, Any] | None = None,
         groups: Sequence[Mapping[str, Any]] | None = None,
         if_not_exists: bool = False,
-    ) -> Any:
-        return self.request(rq.create_topic(topic, config, groups, if_not_exists))
+    ) -> Created:
+        return cast(Created, self.request(rq.create_topic(topic, config, groups, if_not_exists)))
 
     def list_topics(self) -> list[str]:
         """Every topic name the token has a right on, in name order (page after page)."""
@@ -266,22 +314,22 @@ class Client:
             if after is None:
                 return names
 
-    def list_topics_page(self, after: str | None = None, limit: int | None = None) -> Any:
+    def list_topics_page(self, after: str | None = None, limit: int | None = None) -> TopicsPage:
         """One page of topic names: ``{"topics": [...], "next": <the after of the next page,
         or None on the last>}`` (the server's page size when ``limit`` is None)."""
-        return self.request(rq.list_topics(after, limit))
+        return cast(TopicsPage, self.request(rq.list_topics(after, limit)))
 
-    def topic(self, topic: str) -> Any:
-        return self.request(rq.topic(topic))
+    def topic(self, topic: str) -> TopicInfo:
+        return cast(TopicInfo, self.request(rq.topic(topic)))
 
-    def update_topic(self, topic: str, config: Mapping[str, Any]) -> Any:
-        return self.request(rq.update_topic(topic, config))
+    def update_topic(self, topic: str, config: Mapping[str, Any]) -> TopicConfigured:
+        return cast(TopicConfigured, self.request(rq.update_topic(topic, config)))
 
-    def delete_topic(self, topic: str) -> Any:
-        return self.request(rq.delete_topic(topic))
+    def delete_topic(self, topic: str) -> Deleted:
+        return cast(Deleted, self.request(rq.delete_topic(topic)))
 
-    def purge(self, topic: str) -> Any:
-        return self.request(rq.purge(topic))
+    def purge(self, topic: str) -> Purged:
+        return cast(Purged, self.request(rq.purge(topic)))
 
     def create_group(
         self,
@@ -290,17 +338,19 @@ class Client:
         config: Mapping[str, Any] | None = None,
         start: str = "latest",
         if_not_exists: bool = False,
-    ) -> Any:
-        return self.request(rq.create_group(topic, group, config, start, if_not_exists))
+    ) -> Created:
+        return cast(
+            Created, self.request(rq.create_group(topic, group, config, start, if_not_exists))
+        )
 
-    def group(self, topic: str, group: str) -> Any:
-        return self.request(rq.group(topic, group))
+    def group(self, topic: str, group: str) -> GroupInfo:
+        return cast(GroupInfo, self.request(rq.group(topic, group)))
 
-    def update_group(self, topic: str, group: str, config: Mapping[str, Any]) -> Any:
-        return self.request(rq.update_group(topic, group, config))
+    def update_group(self, topic: str, group: str, config: Mapping[str, Any]) -> GroupConfigured:
+        return cast(GroupConfigured, self.request(rq.update_group(topic, group, config)))
 
-    def delete_group(self, topic: str, group: str) -> Any:
-        return self.request(rq.delete_group(topic, group))
+    def delete_group(self, topic: str, group: str) -> Deleted:
+        return cast(Deleted, self.request(rq.delete_group(topic, group)))
 
     # ------------------------------------------------------------------ publish
 
@@ -379,33 +429,33 @@ class Client:
             with contextlib.suppress(RaftqError):
                 self.release(consumer)
 
-    def ack(self, receipts: Sequence[str]) -> Any:
-        return self._settle(rq.settle("ack", receipts))
+    def ack(self, receipts: Sequence[str]) -> SettleResult:
+        return cast(SettleResult, self._settle(rq.settle("ack", receipts)))
 
-    def nack(self, receipts: Sequence[str], delay: float | None = None) -> Any:
-        return self._settle(rq.settle("nack", receipts, delay=delay))
+    def nack(self, receipts: Sequence[str], delay: float | None = None) -> SettleResult:
+        return cast(SettleResult, self._settle(rq.settle("nack", receipts, delay=delay)))
 
-    def extend(self, receipts: Sequence[str], seconds: float) -> Any:
-        return self._settle(rq.settle("extend", receipts, seconds=seconds))
+    def extend(self, receipts: Sequence[str], seconds: float) -> SettleResult:
+        return cast(SettleResult, self._settle(rq.settle("extend", receipts, seconds=seconds)))
 
-    def term(self, receipts: Sequence[str], reason: str = "terminated") -> Any:
-        return self._settle(rq.settle("term", receipts, reason=reason))
+    def term(self, receipts: Sequence[str], reason: str = "terminated") -> SettleResult:
+        return cast(SettleResult, self._settle(rq.settle("term", receipts, reason=reason)))
 
     def _settle(self, req: core.Request) -> Any:
         res = self.request(req)
         core.raise_receipt_errors(res, len(req.body["receipts"]))
         return res
 
-    def release(self, consumer: str) -> Any:
-        return self.request(rq.release(consumer))
+    def release(self, consumer: str) -> Released:
+        return cast(Released, self.request(rq.release(consumer)))
 
     # ------------------------------------------------------------------ dead letters
 
-    def peek(self, topic: str, from_seq: int | None = None, limit: int = 10) -> list[Any]:
+    def peek(self, topic: str, from_seq: int | None = None, limit: int = 10) -> list[PeekedMessage]:
         return list(self.request(rq.peek(topic, from_seq, limit))["messages"])
 
-    def redrive(self, topic: str, max: int = 100) -> Any:
-        return self.request(rq.redrive(topic, max))
+    def redrive(self, topic: str, max: int = 100) -> Redriven:
+        return cast(Redriven, self.request(rq.redrive(topic, max)))
 
 
 def _cause(e: HttpError) -> BaseException:

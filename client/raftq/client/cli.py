@@ -668,9 +668,9 @@ def plural(n: Any, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def size(n: int | None) -> str:
-    """Bytes for people: 512 B, 1.5 KiB, 20 MiB."""
-    if n is None:
+def size(n: object) -> str:
+    """Bytes for people: 512 B, 1.5 KiB, 20 MiB (blank for anything but a number)."""
+    if not isinstance(n, int | float):
         return ""
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -680,9 +680,10 @@ def size(n: int | None) -> str:
     raise AssertionError("unreachable")
 
 
-def age(ms: int | None) -> str:
-    """Milliseconds for people: 850ms, 42s, 3m20s, 5h02m, 2d03h."""
-    if ms is None:
+def age(ms: object) -> str:
+    """Milliseconds for people: 850ms, 42s, 3m20s, 5h02m, 2d03h (blank for anything but a
+    number)."""
+    if not isinstance(ms, int | float):
         return ""
     if ms < 1000:
         return f"{int(ms)}ms"
@@ -841,7 +842,7 @@ def _topic_show(args: argparse.Namespace, c: Client) -> int:
     return _emit(args, s, human)
 
 
-def _groups_table(groups: list[dict[str, Any]]) -> str:
+def _groups_table(groups: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         [
             g.get("group"),
@@ -1187,7 +1188,7 @@ def _grants_text(grants: list[dict[str, Any]]) -> str:
     return " ".join(f"{g['topics']}={','.join(g['actions'])}" for g in grants) or "-"
 
 
-def _tokens_table(tokens: list[dict[str, Any]]) -> str:
+def _tokens_table(tokens: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         [t["id"], t["name"], _grants_text(t.get("grants") or []),
          "yes" if t.get("cluster") else "", "yes" if t.get("disabled") else "",

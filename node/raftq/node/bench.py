@@ -420,7 +420,7 @@ async def pipelined(
 
 
 async def windowed(
-    n: int, window: int, start: Callable[[], asyncio.Future[Any]]
+    n: int, window: int, start: Callable[[], Awaitable[asyncio.Future[Any]]]
 ) -> tuple[float, list[float]]:
     """``n`` operations started without awaiting (as NATS ``publish_async``), at most ``window``
     outstanding; latency = start to completion of each."""
@@ -435,8 +435,9 @@ async def windowed(
     for _ in range(n):
         while len(outstanding) >= window:
             await outstanding.popleft()
-        f = start()
-        f.add_done_callback(timer(clock()))
+        t = clock()
+        f = await start()
+        f.add_done_callback(timer(t))
         outstanding.append(f)
     for f in outstanding:
         await f

@@ -226,7 +226,22 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=_run_node, parser=p)
 
 
+def _need_server_extra() -> None:
+    """A client-only install (``pip install raftq``) runs no node: say what to install."""
+    import importlib
+
+    missing = []
+    for module in ("pysyncobj", "cryptography", "prometheus_client"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        sys.exit(f"raftq: running a node needs {', '.join(missing)}: pip install 'raftq[server]'")
+
+
 def _run_node(args: argparse.Namespace) -> int:
+    _need_server_extra()
     from raftq.node.server import NodeOptions, parse_peers, serve, split_hostport
 
     parser: argparse.ArgumentParser = args.parser
@@ -348,6 +363,7 @@ def add_cluster_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _run_cluster_up(args: argparse.Namespace) -> int:
+    _need_server_extra()
     from raftq.node.devcluster import cluster_up
 
     logfmt.setup("INFO")
