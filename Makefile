@@ -19,6 +19,7 @@ run: $(STAMP)
 	$(BIN)/raftq cluster up --nodes 3
 
 test: $(STAMP)
+	bash tests/install-debian-tools.sh
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
