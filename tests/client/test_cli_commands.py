@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from tests.node.inprocess import app as inprocess_app
+from tests.client.conftest import name
 from tests.support import ADMIN_TOKEN, free_ports, wait_for
 
 from raftq.client import cli
@@ -27,21 +26,6 @@ from raftq.client.cli import EXAMPLES, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, 
 from raftq.node.cli import build_parser
 from raftq.node.cli import main as cli_main
 from raftq.node.local import LocalRaft
-
-
-def name() -> str:
-    return "t-" + uuid.uuid4().hex[:10]
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[tuple[LocalRaft, str]]:
-    raft = LocalRaft()
-    srv = TestServer(inprocess_app(raft), host="127.0.0.1")
-    await srv.start_server()
-    try:
-        yield raft, f"http://127.0.0.1:{srv.port}"
-    finally:
-        await srv.close()
 
 
 def run_cli(*argv: str, stdin: str | bytes = b"") -> tuple[int, str, str]:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any, get_type_hints
 
 import pytest
-from aiohttp.test_utils import TestServer
-from tests.node.inprocess import app as inprocess_app
+from tests.client.conftest import name
 from tests.support import free_ports
 
 from raftq.client import (
@@ -28,21 +26,6 @@ from raftq.client import (
 from raftq.client._http import HttpPool
 from raftq.client.transport import Response
 from raftq.node.local import LocalRaft
-
-
-def name() -> str:
-    return "t-" + uuid.uuid4().hex[:10]
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[tuple[LocalRaft, str]]:
-    raft = LocalRaft()
-    srv = TestServer(inprocess_app(raft), host="127.0.0.1")
-    await srv.start_server()
-    try:
-        yield raft, f"http://127.0.0.1:{srv.port}"
-    finally:
-        await srv.close()
 
 
 def conforms(answer: Mapping[str, Any], typed: Any) -> None:

@@ -6,11 +6,11 @@ import asyncio
 import os
 import sys
 import textwrap
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.client.conftest import name
 from tests.node.cluster_fixture import Cluster, wait_for
 
 from raftq.client import AsyncClient, ReceiptStale, Unavailable
@@ -25,10 +25,6 @@ def cluster3(tmp_path: Path) -> Iterator[Cluster]:
         yield c.start()
     finally:
         c.close()
-
-
-def name() -> str:
-    return "t-" + uuid.uuid4().hex[:10]
 
 
 def urls(c: Cluster) -> list[str]:

@@ -7,13 +7,11 @@ import asyncio
 import contextlib
 import io
 import json
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestServer
-from tests.node.inprocess import app as inprocess_app
+from tests.client.conftest import name
 
 from raftq.client import (
     AsyncClient,
@@ -26,21 +24,6 @@ from raftq.client import (
 from raftq.client.cli import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from raftq.node.cli import main as cli_main
 from raftq.node.local import LocalRaft
-
-
-def name() -> str:
-    return "t-" + uuid.uuid4().hex[:10]
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[tuple[LocalRaft, str]]:
-    raft = LocalRaft()
-    srv = TestServer(inprocess_app(raft), host="127.0.0.1")
-    await srv.start_server()
-    try:
-        yield raft, f"http://127.0.0.1:{srv.port}"
-    finally:
-        await srv.close()
 
 
 async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:

@@ -10,12 +10,12 @@ import contextlib
 import io
 import ssl
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestServer
+from tests.client.conftest import name
 from tests.node.inprocess import app as inprocess_app
 from tests.tls_support import client_ctx, https_node, node_tls
 
@@ -25,10 +25,6 @@ from raftq.client.cli import EXIT_OK, EXIT_UNAVAILABLE
 from raftq.node.cli import main as cli_main
 from raftq.node.local import LocalRaft
 from raftq.node.tlsutil import DevCA, issue_cert, make_dev_ca
-
-
-def name() -> str:
-    return "t-" + uuid.uuid4().hex[:10]
 
 
 @pytest.fixture(scope="module")

@@ -8,28 +8,15 @@ import importlib.util
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestServer
-from tests.node.inprocess import app as inprocess_app
 
 from raftq.node.local import LocalRaft
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[tuple[LocalRaft, str]]:
-    raft = LocalRaft()
-    srv = TestServer(inprocess_app(raft), host="127.0.0.1")
-    await srv.start_server()
-    try:
-        yield raft, f"http://127.0.0.1:{srv.port}"
-    finally:
-        await srv.close()
 
 
 async def run(script: str, *args: str, timeout: float = 30.0) -> str:
