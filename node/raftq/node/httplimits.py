@@ -230,6 +230,39 @@ class Busy(asyncio.Protocol):
         self.count.refused()
 
 
+async def listen(host: str | None, port: int, backlog: int) -> tuple[list[socket.socket], int]:
+    """Non-blocking listening sockets on every address ``host`` resolves to (IPv6 ones
+    v6-only), all on one port (port 0: the one the first got); the port. All or none."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    seen: set[Any] = set()
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, addr in infos:
+            if (family, addr) in seen:
+                continue
+            seen.add((family, addr))
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port:
+                addr = (addr[0], port, *addr[2:])
+            sock.bind(addr)
+            if port == 0:
+                port = sock.getsockname()[1]
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks, port
+
+
 class ApiSite(web.BaseSite):
     """``web.TCPSite`` serving ``ApiProtocols``, with an accept loop of its own so that the
     cap counts descriptors exactly: each connection is counted (or refused) the moment it is
@@ -270,28 +303,7 @@ class ApiSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(
-            self._host or None, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-        seen: set[Any] = set()
-        try:
-            for family, kind, proto, _, addr in infos:
-                if (family, addr) in seen:
-                    continue
-                seen.add((family, addr))
-                sock = socket.socket(family, kind, proto)
-                self._listeners.append(sock)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind(addr)
-                if self._port == 0:  # every address on the port the first one got
-                    self._port = sock.getsockname()[1]
-                sock.listen(self._backlog)
-                sock.setblocking(False)
-        except OSError:
-            self._close_listeners()
-            raise
+        self._listeners, self._port = await listen(self._host, self._port, self._backlog)
         for sock in self._listeners:
             loop.add_reader(sock.fileno(), self._accept, sock)
 

@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from raftq.node.commands import host_port
-from raftq.node.httplimits import ACCEPT_FAILED, REFUSED, ApiProtocols
+from raftq.node.httplimits import ACCEPT_FAILED, REFUSED, ApiProtocols, listen
 
 log = logging.getLogger("raftq.node")
 
@@ -92,28 +92,7 @@ class HttpsSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(
-            self._host or None, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-        seen: set[Any] = set()
-        try:
-            for family, kind, proto, _, addr in infos:
-                if (family, addr) in seen:
-                    continue
-                seen.add((family, addr))
-                sock = socket.socket(family, kind, proto)
-                self._listeners.append(sock)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind(addr)
-                if self._port == 0:  # every address on the port the first one got
-                    self._port = sock.getsockname()[1]
-                sock.listen(self._backlog)
-                sock.setblocking(False)
-        except OSError:
-            self._close_listeners()
-            raise
+        self._listeners, self._port = await listen(self._host, self._port, self._backlog)
         self._accepting = [loop.create_task(self._accept(s)) for s in self._listeners]
 
     async def stop(self) -> None:
