@@ -64,6 +64,14 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="members: id=raft_host:port/api_host:port,... (this node's own entry, if any, "
         "is skipped) [RAFTQ_PEERS]",
     )
+    p.add_argument(
+        "--statefulset-replicas",
+        type=int,
+        default=_env("STATEFULSET_REPLICAS"),
+        help="instead of --peers, in a Kubernetes StatefulSet: the members are pods <name>-0.."
+        "<name>-(N-1), reached at --raft and --advertise with this pod's name replaced by "
+        "theirs [RAFTQ_STATEFULSET_REPLICAS]",
+    )
     p.add_argument("--data-dir", default=None, help="journal and snapshots [RAFTQ_DATA_DIR]")
     p.add_argument(
         "--in-memory",
@@ -242,7 +250,13 @@ def _need_server_extra() -> None:
 
 def _run_node(args: argparse.Namespace) -> int:
     _need_server_extra()
-    from raftq.node.server import NodeOptions, parse_peers, serve, split_hostport
+    from raftq.node.server import (
+        NodeOptions,
+        parse_peers,
+        serve,
+        split_hostport,
+        statefulset_peers,
+    )
 
     parser: argparse.ArgumentParser = args.parser
     if not args.id:
@@ -303,6 +317,13 @@ def _run_node(args: argparse.Namespace) -> int:
         if args.advertise:
             split_hostport(args.advertise, "--advertise")
         peers = parse_peers(args.peers or "")
+        if args.statefulset_replicas is not None:
+            replicas = int(args.statefulset_replicas)
+            if peers:
+                raise ValueError("--peers and --statefulset-replicas exclude each other")
+            if not 1 <= replicas <= 1000:
+                raise ValueError(f"--statefulset-replicas must be 1..1000, not {replicas}")
+            peers = statefulset_peers(args.id, args.raft, args.advertise or args.listen, replicas)
     except ValueError as e:
         parser.error(str(e))
     # One peer list for every member (a StatefulSet template): this node's own entry is skipped.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,6 +106,38 @@ def parse_peers(spec: str) -> dict[str, tuple[str, str]]:
             raise ValueError(f"peer {node_id} given twice")
         peers[node_id] = (raft, api)
     return peers
+
+
+_POD_NAME = re.compile(r"(.+)-(0|[1-9][0-9]{0,5})")
+
+
+def statefulset_peers(
+    node_id: str, raft: str, api: str, replicas: int
+) -> dict[str, tuple[str, str]]:
+    """The members of a StatefulSet of ``replicas`` pods, as ``parse_peers`` gives them: this
+    node is pod ``<name>-<ordinal>`` and its addresses start with its own name
+    (``raftq-1.raftq-headless:9000``); pod ``<name>-i`` has the same with its name. A pod
+    beyond ``replicas`` (scaled up, not yet added) names itself and those before it."""
+    pod = _POD_NAME.fullmatch(node_id)
+    if pod is None:
+        raise ValueError(
+            f"--statefulset-replicas: the id {node_id!r} is not a StatefulSet pod's name"
+            " (<name>-<ordinal>)"
+        )
+    base, ordinal = pod.group(1), int(pod.group(2))
+    suffixes = []
+    for what, addr in (("--raft", raft), ("--advertise", api)):
+        host, port = split_hostport(addr, what)
+        if host != node_id and not host.startswith(node_id + "."):
+            raise ValueError(
+                f"--statefulset-replicas: {what} {addr!r} must start with this pod's name"
+                f" {node_id!r} (e.g. {node_id}.<headless service>:{port})"
+            )
+        suffixes.append(addr[len(node_id) :])
+    return {
+        f"{base}-{i}": (f"{base}-{i}{suffixes[0]}", f"{base}-{i}{suffixes[1]}")
+        for i in range(max(replicas, ordinal + 1))
+    }
 
 
 def make_raft(opts: NodeOptions) -> Raft:
