@@ -85,8 +85,9 @@ def test_membership_input_errors_are_4xx(tmp_path: Path) -> None:
 
 
 class FakePeer:
-    """A Raft port that answers the key exchange sealed with ``secret`` (if it can open the
-    caller's frame) and then ignores everything: a member that never catches up."""
+    """A Raft port that answers the handshake sealed with ``secret`` (if it can open the
+    caller's frames), greets the caller and then ignores everything: a member that never
+    catches up."""
 
     def __init__(self, secret: str) -> None:
         sealer = _Sealer(secret)
@@ -102,6 +103,9 @@ class FakePeer:
                 except Exception:
                     return  # (another secret: closes, as a node does)
                 sock.sendall(seal_frame(sealer, (key, os.urandom(32))))
+                head = sock.recv(_SIZE.size, socket.MSG_WAITALL)  # (its address)
+                sock.recv(_SIZE.unpack(head)[0], socket.MSG_WAITALL)
+                sock.sendall(seal_frame(sealer, (key, {"type": "raftq_hello"})))
                 while sock.recv(1 << 16):
                     pass
 
@@ -139,6 +143,53 @@ def raft_admin(addr: str, secret: str, command: list[str]) -> object:
         sock.sendall(seal_frame(sealer, (theirs, command)))
         echoed, answer = receive()
         return answer
+
+
+def test_a_lone_member_adds_only_a_node_that_lists_it_as_a_peer(tmp_path: Path) -> None:
+    # A node started without n1 in its peers never votes for it: once added, the two could
+    # never elect a leader again, nor undo the add. pysyncobj has the larger address dial, so
+    # n1 sits between the two others: it dials n2, n3 dials it.
+    c = Cluster(tmp_path / "a", 1)
+    others = Cluster(tmp_path / "b", 2)  # same secret, n1 not among their peers
+    others.secret = c.secret
+    n1 = c.nodes["n1"]
+    n2, n3 = others.nodes.pop("n1"), others.nodes.pop("n2")
+    n2.raft, n1.raft, n3.raft = sorted([n1.raft, n2.raft, n3.raft])
+    n2.id, n3.id = "n2", "n3"
+    others.nodes.update(n2=n2, n3=n3)
+    try:
+        c.start()
+        for nid in ("n2", "n3"):
+            others.start_node(nid)
+        with Client(c.url("n1"), timeout=30) as cl:
+            for node in (n2, n3):
+                with pytest.raises(Conflict, match=f"{node.id} does not list this node") as info:
+                    cl.add_member(node.id, node.raft, node.api)
+                assert info.value.server_code == "membership_refused"
+            assert sorted(cl.cluster()["members"]) == ["n1"]
+            cl.create_topic(f"t-{uuid.uuid4().hex[:8]}")  # (still the leader)
+            # Restarted empty with n1 among their peers, both are added.
+            for node in (n3, n2):
+                assert others.stop_node(node.id) == 0
+                node.data_dir = node.data_dir.parent / f"{node.id}-again"
+                node.data_dir.mkdir()
+                node.log = node.data_dir / "node.log"
+            others.nodes["n1"] = n1
+            for node in (n3, n2):
+                others.start_node(node.id)
+                assert node.id in cl.add_member(node.id, node.raft, node.api)["members"]
+                wait_for(
+                    f"{node.id} to catch up",
+                    lambda: (
+                        others.status(node.id)["applied_index"]  # noqa: B023
+                        >= c.status("n1")["commit_index"]
+                    ),
+                    10,
+                )
+    finally:
+        others.nodes.pop("n1", None)
+        others.close()
+        c.close()
 
 
 def test_changes_the_live_members_could_not_survive_are_refused_and_change_nothing(

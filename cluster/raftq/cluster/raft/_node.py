@@ -17,12 +17,29 @@ from raftq.cluster.entry import encode_entry
 from raftq.cluster.raft._elections import Elections, PreVote
 from raftq.cluster.raft._files import CommitMarks, align_journal, lock_data_dir
 from raftq.cluster.raft._inbound import Inbound
-from raftq.cluster.raft._membership import NOTICE_WAIT, PROBE_TIMEOUT, Membership, probe
+from raftq.cluster.raft._membership import (
+    NOT_A_PEER,
+    NOTICE_WAIT,
+    PROBE_DIALED_WITHIN,
+    PROBE_TIMEOUT,
+    Membership,
+    probe,
+)
 from raftq.cluster.raft._peers import Peers
 from raftq.cluster.raft._proposals import Proposals
 from raftq.cluster.raft._reads import Reads
 from raftq.cluster.raft._replication import Replication
-from raftq.cluster.raft._seam import FAIL_REASON, LEADER, ROLES, Hooks, Node, Raft, make_node
+from raftq.cluster.raft._seam import (
+    FAIL_REASON,
+    LEADER,
+    ROLES,
+    Hooks,
+    Node,
+    Raft,
+    dials,
+    make_node,
+    monotonic,
+)
 from raftq.cluster.raft._snapshots import _jitter, _Snapshots
 from raftq.cluster.raft._ticks import Ticks
 from raftq.cluster.raft._tuning import (
@@ -594,7 +611,13 @@ class RaftNode:
         if not self.is_leader():
             raise self._not_leader()
         # Never a member that is not there: it would count toward the majority all the same.
-        why = await probe(raft_addr, self._sealer, PROBE_TIMEOUT)
+        why = await self._probe(raft_addr)
+        if why == NOT_A_PEER:  # (it would never vote for us: one member alone would wedge)
+            raise RaftError(
+                f"membership change refused: {node_id} does not list this node as a peer:"
+                f" start it with every member in --peers (this node: {self.config.node_id}"
+                f" at {self.config.raft_addr})"
+            )
         if why is not None:
             raise RaftError(
                 f"membership change refused: {node_id} does not answer on its Raft port"
@@ -603,6 +626,23 @@ class RaftNode:
             )
         self._info[raft_addr] = (node_id, api_addr)
         await self._membership("add", make_node(raft_addr, node_id, api_addr), timeout)
+
+    async def _probe(self, raft_addr: str) -> str | None:
+        """``_membership.probe``; for a node that dials us, the proof that it takes us as a peer
+        is its own attempts to connect (refused until it is a member), within PROBE_TIMEOUT."""
+        me = self.config.raft_addr
+        if not dials(raft_addr, me):
+            return await probe(raft_addr, self._sealer, me, PROBE_TIMEOUT)
+        start = time.monotonic()
+        why = await probe(raft_addr, self._sealer, None, PROBE_TIMEOUT)
+        if why is not None:
+            return why
+        since = monotonic() - PROBE_DIALED_WITHIN
+        while (self._raft.dialed_by(raft_addr) or -1e9) < since:
+            if time.monotonic() - start > PROBE_TIMEOUT:
+                return NOT_A_PEER
+            await asyncio.sleep(0.05)
+        return None
 
     async def remove_member(self, node_id: str, timeout: float = 10.0) -> None:
         self._check_running()
