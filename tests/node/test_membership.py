@@ -5,6 +5,7 @@ not survive are refused, a removed node stops serving, and a lost majority is re
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import socketserver
 import threading
@@ -288,6 +289,73 @@ def test_a_removed_node_turns_unready_and_refuses_broker_requests(tmp_path: Path
             with Client(c.url(gone), timeout=30) as direct:
                 direct.publish(topic, b"through the node added back")
     finally:
+        c.close()
+
+
+def readyz(c: Cluster, nid: str) -> tuple[int, Any]:
+    return http("GET", c.url(nid) + "/readyz", token=None)
+
+
+def test_a_node_removed_while_stopped_names_no_leader_and_forwards_nothing(
+    tmp_path: Path,
+) -> None:
+    # Stopped long enough for the leader to drop its connection, it is never told; pysyncobj
+    # kept its old leader for good (nobody answers its pre-votes): ready, and forwarding.
+    c = Cluster(tmp_path, 3).start()
+    try:
+        leader = c.wait_leader()
+        gone, stays = (n for n in c.nodes if n != leader)
+        topic = f"t-{uuid.uuid4().hex[:8]}"
+        with Client(c.url(leader), timeout=30) as cl:
+            cl.create_topic(topic)
+            c.signal(gone, signal.SIGSTOP)
+            published = 0
+
+            def dropped() -> bool:
+                # Entries fill the socket buffers to it: the leader's sends queue, and it drops
+                # the connection (no reads for 10 s) on the next write event.
+                nonlocal published
+                cl.publish(topic, b"x" * (512 << 10))
+                published += 1
+                return not c.status(leader)["members"][gone]["connected"]
+
+            try:
+                wait_for(f"the leader to drop its connection to {gone}", dropped, 30, every=0.2)
+                assert cl.remove_member(gone)["members"] == sorted([leader, stays])
+            finally:
+                c.signal(gone, signal.SIGCONT)
+            wait_for(f"{gone} to name no leader", lambda: readyz(c, gone)[0] == 503, 5)
+            ready = readyz(c, gone)[1]
+            assert (ready["leader"], ready["ready"], ready["removed"]) == (None, False, False)
+            code, err = http("POST", c.url(gone) + f"/topics/{topic}/messages", {"payload": "eA=="})
+            assert (code, err["code"]) == (503, "no_leader")
+            assert cl.topic(topic)["messages"] == published
+    finally:
+        c.close()
+
+
+def test_a_follower_cut_off_from_every_other_node_is_not_ready_until_it_hears_a_leader(
+    tmp_path: Path,
+) -> None:
+    c = Cluster(tmp_path, 3).start()
+    try:
+        leader = c.wait_leader()
+        alone = next(n for n in c.nodes if n != leader)
+        others = [n for n in c.nodes if n != alone]
+        for n in others:
+            c.signal(n, signal.SIGSTOP)
+        try:
+            # (before pysyncobj's 10 s connection timeout, which ends the connections too)
+            wait_for(f"{alone} to name no leader", lambda: readyz(c, alone)[0] == 503, 6)
+            code, err = http("POST", c.url(alone) + "/topics", {"topic": "t"})
+            assert (code, err["code"]) == (503, "no_leader")
+        finally:
+            for n in others:
+                c.signal(n, signal.SIGCONT)
+        wait_for(f"{alone} ready again", lambda: readyz(c, alone)[0] == 200, 15)
+    finally:
+        for n in c.nodes:
+            c.signal(n, signal.SIGCONT)
         c.close()
 
 

@@ -44,6 +44,7 @@ from raftq.cluster.raft._snapshots import _jitter, _Snapshots
 from raftq.cluster.raft._ticks import Ticks
 from raftq.cluster.raft._tuning import (
     COMPACTION_ENTRIES,
+    LEADER_SILENT,
     LOOP_TICKS,
     MAX_ENTRY_BYTES,
     PRE_VOTE,
@@ -361,6 +362,8 @@ class RaftNode:
         leader = raft.leader if raft.started else None
         if leader is None:
             return None, None
+        if raft.state != LEADER and monotonic() - self._pre_vote.heard_leader_at > LEADER_SILENT:
+            return None, None  # (pysyncobj keeps it set while nobody answers our pre-votes)
         info = self._info.get(leader.id)
         if info is not None:
             return info
