@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import socketserver
+import subprocess
 import threading
 import uuid
 from pathlib import Path
@@ -375,16 +376,30 @@ def test_force_new_cluster_recovers_a_lost_majority_with_the_committed_data(
         # only, and this one may have been outside it).
         commit = c.status(leader)["commit_index"]
         wait_for(f"{survivor} to apply", lambda: c.status(survivor)["applied_index"] >= commit, 10)
-        for nid in c.nodes:  # two of three lost for good; the survivor restarts
-            c.kill(nid)
+        for nid in c.nodes:  # two of three lost for good (the survivor's log stops growing)
+            if nid != survivor:
+                c.kill(nid)
+        last = c.status(survivor)["last_log_index"]
+        assert last >= commit and c.status(survivor)["last_log_term"] >= 1
+        c.kill(survivor)  # ...and it restarts
+
+        def forced(index: int) -> subprocess.CompletedProcess[str]:
+            """A start with ``--force-new-cluster index`` that is refused."""
+            node = c.nodes[survivor]
+            env = dict(os.environ, RAFTQ_SECRET=c.secret, RAFTQ_ADMIN_TOKEN=c.token)
+            cmd = [*c.command(node), "--force-new-cluster", str(index)]
+            return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
 
         def leads_alone() -> bool:
             st = c.status(survivor)
             return st["leader"] == survivor and sorted(st["members"]) == [survivor]
 
-        c.extra_args = ["--force-new-cluster"]
+        # Another index than its log's last: nothing done, exit 2 naming the current one.
+        refused = forced(last - 1)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"last log index is {last}, not forcing" in refused.stderr + refused.stdout
+        c.extra_args = ["--force-new-cluster", str(last)]
         c.start_node(survivor)
-        c.extra_args = []
         wait_for(f"{survivor} to lead alone", leads_alone, 15)
         with Client(c.url(survivor), timeout=30) as cl:
             assert cl.topic(topic)["messages"] == 3
@@ -394,6 +409,11 @@ def test_force_new_cluster_recovers_a_lost_majority_with_the_committed_data(
         snapshot = c.nodes[survivor].data_dir / "data" / "snapshot.bin"
         wait_for("the snapshot that keeps the membership", snapshot.exists, 15)
         assert c.stop_node(survivor) == 0
+        # The flag left set (compose, k8s env): the log has moved on, so it is refused.
+        moved = forced(last)
+        assert moved.returncode == 2, moved.stdout + moved.stderr
+        assert f"--force-new-cluster {last}: this node's last log index is" in moved.stderr
+        c.extra_args = []
         c.start_node(survivor)
         wait_for(f"{survivor} to lead alone again", leads_alone, 15)
         with Client(c.url(survivor), timeout=30) as cl:

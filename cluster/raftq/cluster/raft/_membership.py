@@ -30,6 +30,8 @@ leader does over a new connection (it connects only to members: the node was add
 
 ``force_new_cluster`` is the way back from a lost majority: at start, commit and apply the
 whole journal, then make this node the only member (a snapshot written at once keeps that).
+It names the node's last log index (``RaftNode.start`` refuses another: ``ForceRefused``), so
+a flag left set does nothing once the log has moved on.
 """
 
 from __future__ import annotations

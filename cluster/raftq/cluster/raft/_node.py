@@ -53,6 +53,7 @@ from raftq.cluster.raft._tuning import (
 )
 from raftq.cluster.raft._types import (
     EntryTooLarge,
+    ForceRefused,
     NotLeader,
     QueueFull,
     RaftConfig,
@@ -247,15 +248,29 @@ class RaftNode:
                 self._marks.apply(raft, journal)
             except StorageError as e:
                 self._fail(e)
-        if self._fatal is None and cfg.force_new_cluster:
-            try:
-                self._force_new_cluster()
-            except StorageError as e:
-                self._fail(e)
-        if self._fatal is not None:
+        refused: ForceRefused | None = None
+        if self._fatal is None and cfg.force_new_cluster is not None:
+            last = raft.last_log_index
+            if last != cfg.force_new_cluster:
+                # Left set (compose, k8s env), it would make a restarted node a cluster of one
+                # again, beside the members added back since: a split brain.
+                refused = ForceRefused(
+                    f"--force-new-cluster {cfg.force_new_cluster}: this node's last log index"
+                    f" is {last}, not forcing (left set from an earlier recovery? then remove"
+                    f" it; to force this log: --force-new-cluster {last})"
+                )
+            else:
+                try:
+                    self._force_new_cluster()
+                except StorageError as e:
+                    self._fail(e)
+        if self._fatal is not None or refused is not None:
             raft.destroy()
             self._ticks.close_notifier()
-            raise self._fatal
+            if self._fatal is not None:
+                raise self._fatal
+            self._unlock_dir()
+            raise refused  # type: ignore[misc]
         if not cfg.secret:
             log.warning(
                 "raft %s: INSECURE, no cluster secret: anyone reaching %s can run code"
@@ -267,7 +282,7 @@ class RaftNode:
         # or this node calls an election (and deposes a healthy leader) on its first tick.
         self._elections.restart_timer()
         self._ticks.start(f"raft-{cfg.node_id}")
-        if cfg.force_new_cluster:
+        if cfg.force_new_cluster is not None:
             self.force_compaction()  # the snapshot keeps the new membership (see above)
 
     def _force_new_cluster(self) -> None:
@@ -492,6 +507,8 @@ class RaftNode:
             members=members,
             running=running,
             removed=self._members.removed,
+            last_log_index=raft.last_log_index,
+            last_log_term=raft.last_log_term,
             error=None if self._fatal is None else str(self._fatal),
             leader_commit=raft.leader_commit,
         )
