@@ -25,6 +25,15 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"RAFTQ_{name}", default)
 
 
+def _force_index(value: str) -> int:
+    value = value.strip()
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"must be this node's last log index (a number; GET /cluster), not {value!r}"
+        )
+    return int(value)
+
+
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -155,11 +164,13 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--force-new-cluster",
-        action="store_true",
-        default=_truthy(_env("FORCE_NEW_CLUSTER")),
+        metavar="LAST_LOG_INDEX",
+        type=_force_index,
+        default=_env("FORCE_NEW_CLUSTER") or None,
         help="recovery when a majority is lost for good: commit this node's journal and make it"
-        " the only member (for one start only: every start with it does so again), then add"
-        " the others back (README: recovering a lost majority) [RAFTQ_FORCE_NEW_CLUSTER]",
+        " the only member, then add the others back (README: recovering a lost majority)."
+        " The value must be this node's last_log_index (GET /cluster): once the log moves on,"
+        " a start with the flag left set is refused (exit 2) [RAFTQ_FORCE_NEW_CLUSTER]",
     )
     p.add_argument(
         "--raft-max-connections",

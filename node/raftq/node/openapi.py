@@ -351,6 +351,11 @@ SCHEMAS: dict[str, Any] = {
             "term": I,
             "commit_index": I,
             "applied_index": I,
+            "last_log_index": {
+                **I,
+                "description": "this node's last entry (--force-new-cluster takes it)",
+            },
+            "last_log_term": {**I, "description": "its term"},
             "members": ANY,
             "running": B,
             "error": {**S, "description": "why Raft stopped (role: stopped)"},

@@ -64,6 +64,8 @@ async def cluster(svc: BrokerService, request: web.Request) -> web.StreamRespons
         "term": st.term,
         "commit_index": st.commit_index,
         "applied_index": st.applied_index,
+        "last_log_index": st.last_log_index,
+        "last_log_term": st.last_log_term,
         "members": members,
         "running": st.running,
     }

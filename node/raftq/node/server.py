@@ -29,7 +29,7 @@ from raftq.node.auth import internal_token
 from raftq.node.commands import host_port
 from raftq.node.httplimits import ApiProtocols, ApiSite, HttpLimits
 from raftq.node.httpsite import HttpsSite
-from raftq.node.raftapi import Raft
+from raftq.node.raftapi import ForceRefused, Raft
 from raftq.node.tlsutil import NodeTLS, TLSConfigError, TLSFiles, covers, describe
 
 log = logging.getLogger("raftq.node")
@@ -40,6 +40,7 @@ log = logging.getLogger("raftq.node")
 DRAIN_S = 6.0  # NodeSettings.propose_timeout + 1
 TRANSFER_S = 3.0
 RAFT_STOP_S = 2.0
+EXIT_USAGE = 2  # a start refused for its flags (as argparse's errors): --force-new-cluster
 EXIT_RAFT_STOPPED = 3  # the process's exit code when Raft stopped on a failure
 
 
@@ -81,7 +82,8 @@ class NodeOptions:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     tls_ca: str | None = None
-    force_new_cluster: bool = False  # recovery: this node alone, its journal committed
+    force_new_cluster: int | None = None  # recovery: this node alone, its journal committed
+    # (this being its last log index)
 
 
 def split_hostport(value: str, what: str) -> tuple[str, int]:
@@ -176,6 +178,9 @@ async def serve(
     raft = raft_factory(opts)
     try:
         raft.start()
+    except ForceRefused as e:
+        log.error("node %s: %s", opts.node_id, e)
+        return EXIT_USAGE
     except Exception as e:
         log.error("node %s: Raft did not start: %s", opts.node_id, e)
         return 1

@@ -13,6 +13,11 @@ ELECTION_MIN, ELECTION_MAX = 1.0, 2.0  # longest Raft tick seen on the loaded bo
 # 2 cores): 250 ms during compaction, 90 ms on a leader streaming a 100 MB snapshot, 16 ms idle;
 # the 0.4 s default left too little margin. Applies while the leader's connection is up (a hung
 # or partitioned leader); a killed leader's peers see its connection close: see below.
+LEADER_SILENT = ELECTION_MAX  # a follower that has had no append from its leader this long
+# names no leader (not ready, 503 no_leader): pre-vote keeps pysyncobj's leader set for good on
+# a node nobody answers (removed while stopped or cut off; cut off from every other node). 40
+# heartbeats, twice the longest tick stall seen on the loaded box (~1 s): a healthy follower
+# never goes quiet that long, and by then it would have stood for election anyway.
 FAST_ELECTION_WINDOW = 2.0  # fast timeouts only this long after the leader's connection dropped
 FAST_ELECTION_MIN, FAST_ELECTION_MAX = 0.15, 0.5  # after the connection to the leader drops
 # (a killed leader's peers see it close at once), and for retries until a leader is heard from
