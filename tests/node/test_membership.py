@@ -111,9 +111,11 @@ class FakePeer:
                 while sock.recv(1 << 16):
                     pass
 
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        # On 127.0.0.10, whose address sorts below every 127.0.0.1:port: the members dial it
+        # (pysyncobj: the larger address dials), as it never dials them.
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.10", 0), Handler)
         self.server.daemon_threads = True
-        self.addr = f"127.0.0.1:{self.server.server_address[1]}"
+        self.addr = f"127.0.0.10:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> FakePeer:

@@ -112,6 +112,8 @@ class ClusterInfo(TypedDict):
     term: NotRequired[int]
     commit_index: NotRequired[int]
     applied_index: NotRequired[int]
+    last_log_index: NotRequired[int]  # (choose the survivor to force by these: README)
+    last_log_term: NotRequired[int]
     running: NotRequired[bool]
     error: NotRequired[str]
     digest: NotRequired[str]

@@ -40,13 +40,19 @@ class Changes:
             self._membership(others)
 
     def _roles(self, role: int, leader: Node | None) -> None:
-        first, was_leader = self._role is None, self._role == LEADER
+        first, was_leader, was_candidate = (
+            self._role is None,
+            self._role == LEADER,
+            self._role == CANDIDATE,
+        )
         before = self._leader
         self._role, self._leader = role, leader
         me, term = self._node_id, self._raft.term
         if role == CANDIDATE:
             log.info("raft %s: election: standing in term %d", me, term)
         elif role == LEADER:
+            if not was_candidate:  # (stood and won within one tick: no tick saw it stand)
+                log.info("raft %s: election: standing in term %d", me, term)
             log.info("raft %s: elected leader in term %d", me, term)
         else:
             if was_leader:

@@ -3,6 +3,7 @@ to the snapshot at start, and the commit mark (applied at start, kept within a s
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -83,6 +84,25 @@ def align_journal(journal: Journal, prev: Entry, last: Entry) -> None:
         journal.deleteEntriesTo(pos)
 
 
+# Every data-directory lock this process holds. A forked snapshot writer inherits them all (the
+# flock is shared by every copy of the descriptor), so it closes its copies at once
+# (``drop_inherited_locks``): otherwise a node of this process stopped while another node's
+# writer runs could not be restarted on its directory until that writer ended.
+_HELD: set[int] = set()
+
+
+def drop_inherited_locks() -> None:
+    """In a forked child: close this process's copies of the data-directory locks."""
+    for fd in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def unlock_data_dir(fd: int) -> None:
+    _HELD.discard(fd)
+    os.close(fd)
+
+
 def lock_data_dir(path: str) -> int:
     """Hold ``path/LOCK`` (flock) for as long as the node runs, or refuse to start."""
     fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
@@ -94,4 +114,5 @@ def lock_data_dir(path: str) -> int:
             f"data directory {path} is in use by another raftq node (its LOCK file is held);"
             " not starting"
         ) from None
+    _HELD.add(fd)
     return fd

@@ -16,7 +16,12 @@ from typing import Any, TypeVar
 from raftq.cluster.entry import encode_entry
 from raftq.cluster.raft._elections import Elections, PreVote
 from raftq.cluster.raft._events import Changes
-from raftq.cluster.raft._files import CommitMarks, align_journal, lock_data_dir
+from raftq.cluster.raft._files import (
+    CommitMarks,
+    align_journal,
+    lock_data_dir,
+    unlock_data_dir,
+)
 from raftq.cluster.raft._inbound import Inbound
 from raftq.cluster.raft._membership import (
     NOT_A_PEER,
@@ -348,7 +353,7 @@ class RaftNode:
             self._snaps.abort_writer()
         fd, self._dir_lock = self._dir_lock, None
         if fd is not None:
-            os.close(fd)
+            unlock_data_dir(fd)
 
     # ------------------------------------------------------------------ for the components
 

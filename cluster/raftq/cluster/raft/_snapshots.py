@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from raftq.cluster.raft._files import drop_inherited_locks
 from raftq.cluster.raft._seam import SERIALIZER_STATE, Raft, make_node
 from raftq.cluster.raft._tuning import COMPACTION_BYTES, SNAPSHOT_SYNC_EVERY
 from raftq.cluster.storage import (
@@ -118,6 +119,7 @@ class _Snapshots:
         if pid == 0:  # pragma: no cover - child process
             code = 1
             try:
+                drop_inherited_locks()
                 blob = self._blob(data)
                 write_atomic(
                     self._disk, self._path, blob, self._owner.fsync, ".w.tmp", SNAPSHOT_SYNC_EVERY
