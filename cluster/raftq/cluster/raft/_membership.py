@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from raftq.cluster.raft._seam import LEADER, Node, monotonic
-from raftq.cluster.raft._tuning import ELECTION_MAX, PICKLE_PROTOCOL
+from raftq.cluster.raft._tuning import PICKLE_PROTOCOL
 from raftq.cluster.raft._wire import _Sealer, _stored_zlib
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ KINDS = frozenset([REMOVAL, REMOVAL_ACK, REMOVAL_CANCEL])
 # waiting for the snapshot, by everything.
 CATCH_UP_GAP = 1000
 # A follower answers every heartbeat (50 ms); a loaded box has stalled a tick for ~1 s.
-LIVE_WITHIN = ELECTION_MAX
+LIVE_WITHIN = 2.0
 PROBE_TIMEOUT = 2.0
 NOTICE_WAIT = 1.0
 
