@@ -157,6 +157,30 @@ async def test_a_stream_that_leaves_a_publish_unanswered_is_dropped_and_http_fin
     assert [how for how, _ in got] == ["http", "stream", "http"]
 
 
+async def test_after_a_silent_stream_the_http_try_goes_to_another_node() -> None:
+    """A frozen leader keeps its sockets open and answers nothing: once its stream was silent
+    for attempt_timeout, the HTTP try goes to another node instead of waiting out the same
+    silence again."""
+    a, got_a = scripted(lambda f: SILENT)
+    b, got_b = scripted(lambda f: SILENT)
+    async with (
+        serve(a) as (url_a, _),
+        serve(b) as (url_b, _),
+        AsyncClient([url_a, url_b], timeout=5.0, attempt_timeout=0.3) as c,
+    ):
+        await c.publish("t", b"warm-up")
+        await until(lambda: stream_open(c))
+        assert c._publisher is not None and c._publisher.stream is not None
+        frozen = c._publisher.stream.url
+        c.endpoints.learn(frozen)  # the leader, as a node's answer would have named it
+        got_a.clear()
+        got_b.clear()
+        assert await c.publish("t", b"p") == 7
+    hows = {url_a: [how for how, _ in got_a], url_b: [how for how, _ in got_b]}
+    assert hows.pop(frozen) == ["stream"]
+    assert list(hows.values()) == [["http"]]
+
+
 async def test_a_refusal_over_the_stream_is_the_callers_answer() -> None:
     app, got = scripted(error_frame("topic_not_found"))
     async with serve(app) as (url, _), AsyncClient(url, timeout=5.0) as c:
