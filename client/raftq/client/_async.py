@@ -809,8 +809,10 @@ class AsyncClient:
             return res
         except _StreamClosed as e:
             publisher.drop(st)  # (closed, or silent for attempt_timeout: not used again)
-            if e.silent:  # a frozen or unplugged node: the HTTP try goes to another one,
-                self.endpoints.failed(st.url)  # not to the same silence for attempt_timeout
+            if e.silent:  # a frozen or unplugged node, the leader a follower forwards to:
+                # the HTTP try goes to another node, not into the same silence again
+                for url in {st.url, self.endpoints.leader} - {None}:
+                    self.endpoints.failed(url)
             if e.sent:  # (it may have been applied: the HTTP try finds out, by the keys)
                 unknown = UnknownOutcome(f"{st.url}: the publish stream gave no answer")
         except UnknownOutcome as e:
