@@ -14,7 +14,8 @@ if ! "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) or sys.platf
   exit 1
 fi
 ctx="$(mktemp -d)"
-trap 'rm -rf "$ctx"' EXIT
+err="$(mktemp)"
+trap 'rm -rf "$ctx" "$err"' EXIT
 "$py" -m pip wheel --quiet --wheel-dir "$ctx/wheels" '.[server]'
 cp deploy/Dockerfile "$ctx/Dockerfile"
 base="${BASE_IMAGE:-}"
@@ -26,5 +27,18 @@ if [ -z "$base" ]; then
     base=raftq-base:bookworm
   fi
 fi
-DOCKER_BUILDKIT=0 docker build --quiet --build-arg "BASE_IMAGE=$base" -t "$tag" "$ctx" >/dev/null
+if docker buildx version >/dev/null 2>&1; then
+  docker buildx build --quiet --load --build-arg "BASE_IMAGE=$base" -t "$tag" "$ctx" >/dev/null
+else
+  # Without the buildx plugin the classic builder is the one there is (BuildKit would fail);
+  # its "legacy builder is deprecated" banner says nothing about this image: drop it, keep
+  # anything else it prints.
+  if ! DOCKER_BUILDKIT=0 docker build --quiet --build-arg "BASE_IMAGE=$base" -t "$tag" "$ctx" \
+      >/dev/null 2>"$err"; then
+    cat "$err" >&2
+    exit 1
+  fi
+  sed -e '/^DEPRECATED: The legacy builder is deprecated/,/^ *environment-variable\.$/d' \
+      -e '/^ *$/d' "$err" >&2
+fi
 echo "built $tag from $base"

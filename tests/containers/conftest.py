@@ -45,12 +45,17 @@ def docker_available() -> bool:
 def image() -> str:
     if not docker_available():
         pytest.skip("no Docker daemon")
-    subprocess.run(
+    built = subprocess.run(
         ["bash", str(ROOT / "deploy" / "build-image.sh"), IMAGE],
-        check=True,
         cwd=ROOT,
         timeout=600,
+        capture_output=True,
+        text=True,
     )
+    output = built.stdout + built.stderr
+    assert built.returncode == 0, output
+    # Nothing a user would wonder about (the classic builder's deprecation banner, pip's...).
+    assert "deprecat" not in output.lower(), output
     return IMAGE
 
 

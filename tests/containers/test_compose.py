@@ -32,8 +32,14 @@ def compose_cmd() -> list[str]:
 
 
 @pytest.fixture
-def compose(image: str) -> Iterator[list[str]]:
-    project = f"raftqtest{uuid.uuid4().hex[:8]}"
+def compose_project() -> list[str]:
+    """The compose command for this test's own project."""
+    return [*compose_cmd(), "-p", f"raftqtest{uuid.uuid4().hex[:8]}", "-f",
+            str(ROOT / "docker-compose.yml")]  # fmt: skip
+
+
+@pytest.fixture
+def compose(image: str, compose_project: list[str]) -> Iterator[list[str]]:
     ports = [free_port() for _ in range(3)]
     env = dict(
         os.environ,
@@ -42,7 +48,7 @@ def compose(image: str) -> Iterator[list[str]]:
         RAFTQ_ADMIN_TOKEN=ADMIN_TOKEN,
         **{f"RAFTQ_PORT_N{i + 1}": str(p) for i, p in enumerate(ports)},
     )
-    base = [*compose_cmd(), "-p", project, "-f", str(ROOT / "docker-compose.yml")]
+    base = compose_project
     try:
         subprocess.run([*base, "up", "-d"], env=env, check=True, timeout=180, cwd=ROOT)
         yield [f"http://127.0.0.1:{p}" for p in ports]
@@ -73,3 +79,33 @@ def test_compose_cluster_publishes_and_consumes(compose: list[str]) -> None:
             got.append(m)
     assert [m.payload for m in got] == [b"one", b"two", b"three"]
     assert [m.seq for m in got] == seqs
+
+
+def test_a_node_whose_process_dies_is_restarted_on_a_read_only_root(
+    compose: list[str], compose_project: list[str]
+) -> None:
+    """restart: unless-stopped brings back a node that dies (SIGKILL from inside: a crash, an
+    OOM kill), and the node runs on a read-only root with no capabilities. (``docker kill`` is
+    a manual stop to Docker: no policy restarts it, README.)"""
+    wait_for(lambda: http_json(compose[2] + "/readyz", token=None)[0] == 200, 90, "n3 ready")
+    project = compose_project[compose_project.index("-p") + 1]
+    labels = [f"label=com.docker.compose.{k}" for k in (f"project={project}", "service=n3")]
+    [cid] = subprocess.run(["docker", "ps", "-q", "--filter", labels[0], "--filter", labels[1]],
+                           capture_output=True, text=True, check=True, timeout=60,
+                           ).stdout.split()  # fmt: skip
+    probe = subprocess.run(["docker", "exec", cid, "touch", "/x"], capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert "Read-only file system" in probe.stderr, probe.stderr  # (EROFS comes before EACCES)
+    kill = (  # the node's process (not the init, pid 1, whose argv holds "raftq node" too)
+        "import os; [os.kill(int(p), 9) for p in os.listdir('/proc') if p.isdigit() and p != '1'"
+        " and b'raftq\\x00node' in open(f'/proc/{p}/cmdline', 'rb').read()]"
+    )
+    subprocess.run(["docker", "exec", cid, "python3", "-c", kill], check=True, timeout=60)
+
+    def restarted() -> bool:
+        out = subprocess.run(["docker", "inspect", "-f", "{{.RestartCount}}", cid],
+                             capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+        return out.strip() not in ("", "0")
+
+    wait_for(restarted, 30, "n3 restarted")
+    wait_for(lambda: http_json(compose[2] + "/readyz", token=None)[0] == 200, 90, "n3 back")

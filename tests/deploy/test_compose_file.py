@@ -1,5 +1,6 @@
 """docker-compose.yml: each node takes the cluster secret and the bootstrap admin token from the
-environment, both required (compose stops instead of starting a cluster nobody can use)."""
+environment or the .env file deploy/compose-env.sh writes, both required (compose stops instead
+of starting a cluster nobody can use); nodes that die come back."""
 
 from __future__ import annotations
 
@@ -72,3 +73,56 @@ def test_compose_stops_without_an_admin_token(tmp_path: Path) -> None:
     done = config(RAFTQ_SECRET="s" * 32, RAFTQ_ADMIN_TOKEN=token)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count(token) == 3
+
+
+COMPOSE_ENV = COMPOSE.parent / "deploy" / "compose-env.sh"
+
+
+def test_compose_env_writes_a_private_env_file_once(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    done = subprocess.run(["sh", str(COMPOSE_ENV), str(env_file)], capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    values = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    assert set(values) == set(REQUIRED)
+    assert re.fullmatch(r"[0-9a-f]{32}", values["RAFTQ_SECRET"])
+    assert re.fullmatch(r"rq_admin\.[0-9a-f]{64}", values["RAFTQ_ADMIN_TOKEN"])
+    before = env_file.read_text()
+    again = subprocess.run(["sh", str(COMPOSE_ENV), str(env_file)], capture_output=True,
+                           text=True, timeout=30)  # fmt: skip
+    assert again.returncode != 0 and "exists" in again.stderr
+    assert env_file.read_text() == before  # (the cluster's data was made with that secret)
+
+
+def test_ps_logs_and_down_work_from_a_fresh_shell_with_the_env_file(tmp_path: Path) -> None:
+    """No variable exported: compose reads them from .env beside the project, every command."""
+    cmd = _compose()
+    if cmd is None:
+        pytest.skip("no docker-compose (nor docker compose)")
+    subprocess.run(["sh", str(COMPOSE_ENV), str(tmp_path / ".env")], check=True, timeout=30,
+                   capture_output=True)  # fmt: skip
+    token = (tmp_path / ".env").read_text().split("RAFTQ_ADMIN_TOKEN=")[1].strip()
+    env = {k: v for k, v in os.environ.items() if k not in REQUIRED}
+    base = [*cmd, "-f", str(COMPOSE), "--project-directory", str(tmp_path),
+            "-p", f"raftqfile{tmp_path.name[-8:].lower().replace('_', '')}"]  # fmt: skip
+    config = subprocess.run([*base, "config"], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert config.returncode == 0, config.stderr
+    assert config.stdout.count(token) == 3
+    if subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode != 0:
+        return  # (no daemon for ps / logs / down)
+    for args in (["ps"], ["logs"], ["down", "-v"]):
+        done = subprocess.run([*base, *args], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, (args, done.stderr)
+
+
+def test_a_node_that_dies_is_restarted_and_runs_locked_down() -> None:
+    for name, svc in services().items():
+        assert svc["restart"] in ("unless-stopped", "always"), name
+        assert svc["init"] is True, name  # (signals and reaping as usual)
+        assert svc["read_only"] is True and "/tmp" in svc["tmpfs"], name
+        assert svc["cap_drop"] == ["ALL"] and "no-new-privileges:true" in svc["security_opt"]
+    readme = (COMPOSE.parent / "README.md").read_text()
+    assert "deploy/compose-env.sh" in readme and "docker kill" in readme

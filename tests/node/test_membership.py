@@ -5,8 +5,10 @@ not survive are refused, a removed node stops serving, and a lost majority is re
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import socketserver
+import subprocess
 import threading
 import uuid
 from pathlib import Path
@@ -85,8 +87,9 @@ def test_membership_input_errors_are_4xx(tmp_path: Path) -> None:
 
 
 class FakePeer:
-    """A Raft port that answers the key exchange sealed with ``secret`` (if it can open the
-    caller's frame) and then ignores everything: a member that never catches up."""
+    """A Raft port that answers the handshake sealed with ``secret`` (if it can open the
+    caller's frames), greets the caller and then ignores everything: a member that never
+    catches up."""
 
     def __init__(self, secret: str) -> None:
         sealer = _Sealer(secret)
@@ -102,6 +105,9 @@ class FakePeer:
                 except Exception:
                     return  # (another secret: closes, as a node does)
                 sock.sendall(seal_frame(sealer, (key, os.urandom(32))))
+                head = sock.recv(_SIZE.size, socket.MSG_WAITALL)  # (its address)
+                sock.recv(_SIZE.unpack(head)[0], socket.MSG_WAITALL)
+                sock.sendall(seal_frame(sealer, (key, {"type": "raftq_hello"})))
                 while sock.recv(1 << 16):
                     pass
 
@@ -139,6 +145,53 @@ def raft_admin(addr: str, secret: str, command: list[str]) -> object:
         sock.sendall(seal_frame(sealer, (theirs, command)))
         echoed, answer = receive()
         return answer
+
+
+def test_a_lone_member_adds_only_a_node_that_lists_it_as_a_peer(tmp_path: Path) -> None:
+    # A node started without n1 in its peers never votes for it: once added, the two could
+    # never elect a leader again, nor undo the add. pysyncobj has the larger address dial, so
+    # n1 sits between the two others: it dials n2, n3 dials it.
+    c = Cluster(tmp_path / "a", 1)
+    others = Cluster(tmp_path / "b", 2)  # same secret, n1 not among their peers
+    others.secret = c.secret
+    n1 = c.nodes["n1"]
+    n2, n3 = others.nodes.pop("n1"), others.nodes.pop("n2")
+    n2.raft, n1.raft, n3.raft = sorted([n1.raft, n2.raft, n3.raft])
+    n2.id, n3.id = "n2", "n3"
+    others.nodes.update(n2=n2, n3=n3)
+    try:
+        c.start()
+        for nid in ("n2", "n3"):
+            others.start_node(nid)
+        with Client(c.url("n1"), timeout=30) as cl:
+            for node in (n2, n3):
+                with pytest.raises(Conflict, match=f"{node.id} does not list this node") as info:
+                    cl.add_member(node.id, node.raft, node.api)
+                assert info.value.server_code == "membership_refused"
+            assert sorted(cl.cluster()["members"]) == ["n1"]
+            cl.create_topic(f"t-{uuid.uuid4().hex[:8]}")  # (still the leader)
+            # Restarted empty with n1 among their peers, both are added.
+            for node in (n3, n2):
+                assert others.stop_node(node.id) == 0
+                node.data_dir = node.data_dir.parent / f"{node.id}-again"
+                node.data_dir.mkdir()
+                node.log = node.data_dir / "node.log"
+            others.nodes["n1"] = n1
+            for node in (n3, n2):
+                others.start_node(node.id)
+                assert node.id in cl.add_member(node.id, node.raft, node.api)["members"]
+                wait_for(
+                    f"{node.id} to catch up",
+                    lambda: (
+                        others.status(node.id)["applied_index"]  # noqa: B023
+                        >= c.status("n1")["commit_index"]
+                    ),
+                    10,
+                )
+    finally:
+        others.nodes.pop("n1", None)
+        others.close()
+        c.close()
 
 
 def test_changes_the_live_members_could_not_survive_are_refused_and_change_nothing(
@@ -240,6 +293,73 @@ def test_a_removed_node_turns_unready_and_refuses_broker_requests(tmp_path: Path
         c.close()
 
 
+def readyz(c: Cluster, nid: str) -> tuple[int, Any]:
+    return http("GET", c.url(nid) + "/readyz", token=None)
+
+
+def test_a_node_removed_while_stopped_names_no_leader_and_forwards_nothing(
+    tmp_path: Path,
+) -> None:
+    # Stopped long enough for the leader to drop its connection, it is never told; pysyncobj
+    # kept its old leader for good (nobody answers its pre-votes): ready, and forwarding.
+    c = Cluster(tmp_path, 3).start()
+    try:
+        leader = c.wait_leader()
+        gone, stays = (n for n in c.nodes if n != leader)
+        topic = f"t-{uuid.uuid4().hex[:8]}"
+        with Client(c.url(leader), timeout=30) as cl:
+            cl.create_topic(topic)
+            c.signal(gone, signal.SIGSTOP)
+            published = 0
+
+            def dropped() -> bool:
+                # Entries fill the socket buffers to it: the leader's sends queue, and it drops
+                # the connection (no reads for 10 s) on the next write event.
+                nonlocal published
+                cl.publish(topic, b"x" * (512 << 10))
+                published += 1
+                return not c.status(leader)["members"][gone]["connected"]
+
+            try:
+                wait_for(f"the leader to drop its connection to {gone}", dropped, 30, every=0.2)
+                assert cl.remove_member(gone)["members"] == sorted([leader, stays])
+            finally:
+                c.signal(gone, signal.SIGCONT)
+            wait_for(f"{gone} to name no leader", lambda: readyz(c, gone)[0] == 503, 5)
+            ready = readyz(c, gone)[1]
+            assert (ready["leader"], ready["ready"], ready["removed"]) == (None, False, False)
+            code, err = http("POST", c.url(gone) + f"/topics/{topic}/messages", {"payload": "eA=="})
+            assert (code, err["code"]) == (503, "no_leader")
+            assert cl.topic(topic)["messages"] == published
+    finally:
+        c.close()
+
+
+def test_a_follower_cut_off_from_every_other_node_is_not_ready_until_it_hears_a_leader(
+    tmp_path: Path,
+) -> None:
+    c = Cluster(tmp_path, 3).start()
+    try:
+        leader = c.wait_leader()
+        alone = next(n for n in c.nodes if n != leader)
+        others = [n for n in c.nodes if n != alone]
+        for n in others:
+            c.signal(n, signal.SIGSTOP)
+        try:
+            # (before pysyncobj's 10 s connection timeout, which ends the connections too)
+            wait_for(f"{alone} to name no leader", lambda: readyz(c, alone)[0] == 503, 6)
+            code, err = http("POST", c.url(alone) + "/topics", {"topic": "t"})
+            assert (code, err["code"]) == (503, "no_leader")
+        finally:
+            for n in others:
+                c.signal(n, signal.SIGCONT)
+        wait_for(f"{alone} ready again", lambda: readyz(c, alone)[0] == 200, 15)
+    finally:
+        for n in c.nodes:
+            c.signal(n, signal.SIGCONT)
+        c.close()
+
+
 def test_force_new_cluster_recovers_a_lost_majority_with_the_committed_data(
     tmp_path: Path,
 ) -> None:
@@ -256,16 +376,30 @@ def test_force_new_cluster_recovers_a_lost_majority_with_the_committed_data(
         # only, and this one may have been outside it).
         commit = c.status(leader)["commit_index"]
         wait_for(f"{survivor} to apply", lambda: c.status(survivor)["applied_index"] >= commit, 10)
-        for nid in c.nodes:  # two of three lost for good; the survivor restarts
-            c.kill(nid)
+        for nid in c.nodes:  # two of three lost for good (the survivor's log stops growing)
+            if nid != survivor:
+                c.kill(nid)
+        last = c.status(survivor)["last_log_index"]
+        assert last >= commit and c.status(survivor)["last_log_term"] >= 1
+        c.kill(survivor)  # ...and it restarts
+
+        def forced(index: int) -> subprocess.CompletedProcess[str]:
+            """A start with ``--force-new-cluster index`` that is refused."""
+            node = c.nodes[survivor]
+            env = dict(os.environ, RAFTQ_SECRET=c.secret, RAFTQ_ADMIN_TOKEN=c.token)
+            cmd = [*c.command(node), "--force-new-cluster", str(index)]
+            return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
 
         def leads_alone() -> bool:
             st = c.status(survivor)
             return st["leader"] == survivor and sorted(st["members"]) == [survivor]
 
-        c.extra_args = ["--force-new-cluster"]
+        # Another index than its log's last: nothing done, exit 2 naming the current one.
+        refused = forced(last - 1)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"last log index is {last}, not forcing" in refused.stderr + refused.stdout
+        c.extra_args = ["--force-new-cluster", str(last)]
         c.start_node(survivor)
-        c.extra_args = []
         wait_for(f"{survivor} to lead alone", leads_alone, 15)
         with Client(c.url(survivor), timeout=30) as cl:
             assert cl.topic(topic)["messages"] == 3
@@ -275,6 +409,11 @@ def test_force_new_cluster_recovers_a_lost_majority_with_the_committed_data(
         snapshot = c.nodes[survivor].data_dir / "data" / "snapshot.bin"
         wait_for("the snapshot that keeps the membership", snapshot.exists, 15)
         assert c.stop_node(survivor) == 0
+        # The flag left set (compose, k8s env): the log has moved on, so it is refused.
+        moved = forced(last)
+        assert moved.returncode == 2, moved.stdout + moved.stderr
+        assert f"--force-new-cluster {last}: this node's last log index is" in moved.stderr
+        c.extra_args = []
         c.start_node(survivor)
         wait_for(f"{survivor} to lead alone again", leads_alone, 15)
         with Client(c.url(survivor), timeout=30) as cl:

@@ -10,12 +10,16 @@ from types import SimpleNamespace
 from typing import Any
 
 from raftq.cluster.raft._membership import (
+    _SIZE,
     LIVE_WITHIN,
+    NOT_A_PEER,
     REMOVAL,
     REMOVAL_ACK,
     REMOVAL_CANCEL,
     Membership,
+    open_frame,
     probe,
+    seal_frame,
 )
 from raftq.cluster.raft._seam import FOLLOWER, LEADER, make_node, monotonic
 from raftq.cluster.raft._wire import _Sealer
@@ -161,6 +165,9 @@ def test_a_removal_refused_or_of_a_node_not_connected_tells_nobody() -> None:
     assert got[-1][0] is None and "majority" in got[-1][1] and not sent
 
 
+ME = "127.0.0.1:9001"
+
+
 async def test_the_probe_needs_the_cluster_secret_on_the_raft_port() -> None:
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.close()  # (a node with another secret closes at once)
@@ -168,11 +175,44 @@ async def test_the_probe_needs_the_cluster_secret_on_the_raft_port() -> None:
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        why = await probe(f"127.0.0.1:{port}", _Sealer("secret"), 1.0)
+        why = await probe(f"127.0.0.1:{port}", _Sealer("secret"), ME, 1.0)
         assert why is not None and "another cluster secret" in why
-        assert await probe(f"127.0.0.1:{port}", None, 1.0) is None  # (insecure: it connects)
+        assert await probe(f"127.0.0.1:{port}", None, ME, 1.0) is None  # (insecure: it connects)
     finally:
         server.close()
         await server.wait_closed()
-    why = await probe(f"127.0.0.1:{port}", _Sealer("secret"), 1.0)
+    why = await probe(f"127.0.0.1:{port}", _Sealer("secret"), ME, 1.0)
     assert why is not None and "cannot connect" in why
+
+
+async def test_the_probe_needs_the_node_to_take_this_one_as_a_peer() -> None:
+    """As a node does: the key exchange, then it closes the connection unless the address
+    that follows is one of its peers (then it greets)."""
+    sealer = _Sealer("secret")
+
+    def server(peers: set[str]) -> Any:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            async def receive() -> Any:
+                (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
+                return open_frame(sealer, await reader.readexactly(size))
+
+            try:
+                key, mine = await receive(), b"k" * 32
+                writer.write(seal_frame(sealer, (key, mine)))
+                echoed, address = await receive()
+                if echoed == mine and address in peers:
+                    writer.write(seal_frame(sealer, (key, {"type": "raftq_hello"})))
+                    await reader.read()
+            finally:
+                writer.close()
+
+        return asyncio.start_server(answer, "127.0.0.1", 0)
+
+    for peers, expected in (({ME}, None), ({"127.0.0.1:9002"}, NOT_A_PEER)):
+        srv = await server(peers)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            assert await probe(f"127.0.0.1:{port}", sealer, ME, 1.0) == expected
+        finally:
+            srv.close()
+            await srv.wait_closed()

@@ -265,7 +265,8 @@ def test_another_installed_version_fails_the_import() -> None:
 
 
 def test_the_pinned_version_is_the_pin_in_pyproject() -> None:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + project["optional-dependencies"]["server"]  # (a node's)
     pins = [d for d in deps if re.match(r"pysyncobj\b", d)]
     assert pins == [f"pysyncobj=={PINNED}"]
     assert _seam.PINNED == PINNED

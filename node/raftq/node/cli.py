@@ -25,6 +25,15 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"RAFTQ_{name}", default)
 
 
+def _force_index(value: str) -> int:
+    value = value.strip()
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"must be this node's last log index (a number; GET /cluster), not {value!r}"
+        )
+    return int(value)
+
+
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -63,6 +72,14 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=_env("PEERS", ""),
         help="members: id=raft_host:port/api_host:port,... (this node's own entry, if any, "
         "is skipped) [RAFTQ_PEERS]",
+    )
+    p.add_argument(
+        "--statefulset-replicas",
+        type=int,
+        default=_env("STATEFULSET_REPLICAS"),
+        help="instead of --peers, in a Kubernetes StatefulSet: the members are pods <name>-0.."
+        "<name>-(N-1), reached at --raft and --advertise with this pod's name replaced by "
+        "theirs [RAFTQ_STATEFULSET_REPLICAS]",
     )
     p.add_argument("--data-dir", default=None, help="journal and snapshots [RAFTQ_DATA_DIR]")
     p.add_argument(
@@ -147,11 +164,13 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--force-new-cluster",
-        action="store_true",
-        default=_truthy(_env("FORCE_NEW_CLUSTER")),
+        metavar="LAST_LOG_INDEX",
+        type=_force_index,
+        default=_env("FORCE_NEW_CLUSTER") or None,
         help="recovery when a majority is lost for good: commit this node's journal and make it"
-        " the only member (for one start only: every start with it does so again), then add"
-        " the others back (README: recovering a lost majority) [RAFTQ_FORCE_NEW_CLUSTER]",
+        " the only member, then add the others back (README: recovering a lost majority)."
+        " The value must be this node's last_log_index (GET /cluster): once the log moves on,"
+        " a start with the flag left set is refused (exit 2) [RAFTQ_FORCE_NEW_CLUSTER]",
     )
     p.add_argument(
         "--raft-max-connections",
@@ -242,7 +261,13 @@ def _need_server_extra() -> None:
 
 def _run_node(args: argparse.Namespace) -> int:
     _need_server_extra()
-    from raftq.node.server import NodeOptions, parse_peers, serve, split_hostport
+    from raftq.node.server import (
+        NodeOptions,
+        parse_peers,
+        serve,
+        split_hostport,
+        statefulset_peers,
+    )
 
     parser: argparse.ArgumentParser = args.parser
     if not args.id:
@@ -303,6 +328,13 @@ def _run_node(args: argparse.Namespace) -> int:
         if args.advertise:
             split_hostport(args.advertise, "--advertise")
         peers = parse_peers(args.peers or "")
+        if args.statefulset_replicas is not None:
+            replicas = int(args.statefulset_replicas)
+            if peers:
+                raise ValueError("--peers and --statefulset-replicas exclude each other")
+            if not 1 <= replicas <= 1000:
+                raise ValueError(f"--statefulset-replicas must be 1..1000, not {replicas}")
+            peers = statefulset_peers(args.id, args.raft, args.advertise or args.listen, replicas)
     except ValueError as e:
         parser.error(str(e))
     # One peer list for every member (a StatefulSet template): this node's own entry is skipped.

@@ -6,7 +6,9 @@ A request body is msgpack when its ``Content-Type`` is ``application/msgpack`` (
 when ``Accept`` prefers msgpack (q-values count; ``q=0`` refuses), or when the request was msgpack
 and ``Accept`` prefers neither; a write whose ``Accept`` allows neither gets 406 (a read falls
 back to JSON). In JSON, ``bytes`` travel as base64 strings (message payloads); in msgpack as raw
-bytes.
+bytes. A message may come as ``text`` (a string, stored as its UTF-8 bytes) instead of
+``payload``, and a reader asking ``payload_encoding=utf-8`` gets each payload that is valid UTF-8
+back as ``text`` (``payloads_as_text``); the state machine stores bytes either way.
 """
 
 from __future__ import annotations
@@ -192,3 +194,25 @@ def payload_in(value: Any, field: str, msgpack_body: bool) -> bytes:
         raise ApiError(
             "invalid_argument", f"{field} is not valid base64", {"field": field}
         ) from None
+
+
+PAYLOAD_ENCODINGS = ("base64", "utf-8")
+
+
+def payloads_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``payload_encoding=utf-8``: each message whose payload is valid UTF-8 carries it as
+    ``text`` instead of ``payload``; the others keep ``payload`` (base64 in JSON), so a reader
+    tells which by the field."""
+    out = []
+    for m in messages:
+        payload = m.get("payload")
+        if isinstance(payload, bytes):
+            try:
+                text = payload.decode()
+            except UnicodeDecodeError:
+                pass
+            else:
+                m = {k: v for k, v in m.items() if k != "payload"}
+                m["text"] = text
+        out.append(m)
+    return out

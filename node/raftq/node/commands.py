@@ -153,7 +153,9 @@ def redrive(topic: str, body: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- publish
 
-MESSAGE_FIELDS = {"payload": ANY, "headers": MAP, "key": STR, "delay": NUM}
+# ``text`` instead of ``payload``: the message's bytes are that string's UTF-8 (for JSON users,
+# who need not base64 then); a message has exactly one of the two.
+MESSAGE_FIELDS = {"payload": ANY, "text": STR, "headers": MAP, "key": STR, "delay": NUM}
 RESERVED_HEADER = "x-raftq-"  # dead-letter history and redrive counts: set by the broker only
 _PLAIN_MESSAGE_KEYS = frozenset(("payload", "key"))
 
@@ -196,7 +198,15 @@ def message(m: Any, where: str, msgpack_body: bool) -> tuple[dict[str, Any], int
             return m, len(payload)
     if not isinstance(m, dict):
         raise ApiError("invalid_argument", f"{where} must be a map", {"field": "messages"})
-    check_fields(m, MESSAGE_FIELDS, ("payload",), where + ".")
+    check_fields(m, MESSAGE_FIELDS, (), where + ".")
+    has_payload, has_text = m.get("payload") is not None, m.get("text") is not None
+    if has_payload == has_text:
+        raise ApiError(
+            "invalid_argument",
+            f"{where} needs payload (base64 in JSON) or text (a string), not "
+            + ("both" if has_payload else "neither"),
+            {"field": "payload"},
+        )
     if m.get("key") == "":
         # A key names one message for dedup: "" would make every keyed publish after the
         # first a "duplicate" of it (dropped) for the whole dedup window.
@@ -208,7 +218,11 @@ def message(m: Any, where: str, msgpack_body: bool) -> tuple[dict[str, Any], int
     if hdrs:
         header_names(hdrs, where)
     out = dict(m)
-    out["payload"] = codec.payload_in(m["payload"], where + ".payload", msgpack_body)
+    text = out.pop("text", None)
+    if has_text:
+        out["payload"] = text.encode()  # (decode_body refused lone surrogates)
+    else:
+        out["payload"] = codec.payload_in(m["payload"], where + ".payload", msgpack_body)
     for k in ("headers", "key", "delay"):
         if out.get(k) is None:
             out.pop(k, None)

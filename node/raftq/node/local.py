@@ -114,6 +114,8 @@ class LocalRaft:
             term=self.term,
             commit_index=self.index,
             applied_index=self.index,
+            last_log_index=self.index,
+            last_log_term=self.term,
             members={
                 self.node_id: {
                     "raft": "local",

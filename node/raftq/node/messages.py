@@ -46,6 +46,8 @@ async def peek(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     topic = path_name(request, "topic")
     q = query(request)
     msgs = await svc.read_latest(lambda b: b.peek(topic, q["from_seq"], q["limit"]))
+    if q["payload_encoding"] == "utf-8":
+        msgs = codec.payloads_as_text(msgs)
     return httpio.respond(request, {"topic": topic, "messages": msgs})
 
 
@@ -70,10 +72,10 @@ async def receive(svc: BrokerService, request: web.Request) -> web.StreamRespons
     # (a consumer id is the caller's to choose: a drop releases only what it may consume)
     with svc.handing_out(consumer, who.patterns(CONSUME)):
         deliveries = await svc.long_poll(cmd, wait, may_receive)
-        out = {
-            "consumer": consumer,
-            "deliveries": [{"topic": topic, "group": group, **d} for d in deliveries],
-        }
+        answers = [{"topic": topic, "group": group, **d} for d in deliveries]
+        if query(request)["payload_encoding"] == "utf-8":
+            answers = codec.payloads_as_text(answers)
+        out = {"consumer": consumer, "deliveries": answers}
         resp = httpio.respond(request, out)
         transport = request.transport
         if deliveries and (transport is None or transport.is_closing()):
@@ -181,32 +183,38 @@ async def release_consumer(svc: BrokerService, request: web.Request) -> web.Stre
 
 
 T = "/topics/{topic}"
+PAYLOAD_ENCODING = Query(
+    "payload_encoding", choices=codec.PAYLOAD_ENCODINGS, default="base64",
+    doc="utf-8: a payload that is valid UTF-8 comes as text (a string) instead of payload",
+)  # fmt: skip
 SETTLE = Permission(CONSUME, BODY)  # the topic of each receipt
 ROUTES = [
     Route("POST", T + "/messages", publish_one, "Publish one message", body="Message",
-          answer="Published", perm=Permission(PUBLISH, PATH)),
+          answer="Published", op="publishMessage", perm=Permission(PUBLISH, PATH)),
     Route("GET", T + "/messages", peek, "Peek retained messages (e.g. dead letters)",
           query=(Query("from_seq", lo=0, hi=MAX_INT, doc="first sequence number to show"),
                  Query("limit", lo=1, hi=MAX_RECEIVE, default=10,
-                       doc=f"at most this many (1-{MAX_RECEIVE})")),
-          answer="Peek", perm=Permission(ADMIN, PATH)),
+                       doc=f"at most this many (1-{MAX_RECEIVE})"),
+                 PAYLOAD_ENCODING),
+          answer="Peek", op="peekMessages", perm=Permission(ADMIN, PATH)),
     Route("POST", T + "/publish", publish_batch, "Publish a batch", body="PublishBatch",
-          answer="PublishedBatch", perm=Permission(PUBLISH, PATH)),
+          answer="PublishedBatch", op="publishBatch", perm=Permission(PUBLISH, PATH)),
     Route("POST", T + "/redrive", redrive, "Move dead letters back to their source group",
-          body="Redrive", answer="Redriven", perm=Permission(ADMIN, PATH)),
+          body="Redrive", answer="Redriven", op="redriveDeadLetters",
+          perm=Permission(ADMIN, PATH)),
     Route("POST", TG + "/receive", receive, "Receive deliveries (long poll up to 20 s)",
-          body="Receive", answer="Deliveries", forward=forward_receive,
-          perm=Permission(CONSUME, PATH)),
+          body="Receive", answer="Deliveries", forward=forward_receive, query=(PAYLOAD_ENCODING,),
+          op="receiveMessages", perm=Permission(CONSUME, PATH)),
     Route("POST", "/ack", _settle("ack"), "Acknowledge deliveries", body="Receipts",
-          answer="SettleResult", perm=SETTLE),
+          answer="SettleResult", op="ackDeliveries", perm=SETTLE),
     Route("POST", "/nack", _settle("nack"), "Fail deliveries (retry after delay or backoff)",
-          body="Nack", answer="SettleResult", perm=SETTLE),
+          body="Nack", answer="SettleResult", op="nackDeliveries", perm=SETTLE),
     Route("POST", "/extend", _settle("extend"), "Extend visibility deadlines", body="Extend",
-          answer="SettleResult", perm=SETTLE),
+          answer="SettleResult", op="extendDeliveries", perm=SETTLE),
     Route("POST", "/term", _settle("term"), "Dead-letter deliveries now", body="Term",
-          answer="SettleResult", perm=SETTLE),
+          answer="SettleResult", op="termDeliveries", perm=SETTLE),
     Route("POST", "/consumers/{consumer}/release", release_consumer,
           "Give back the deliveries of a consumer (on the topics the token may consume)",
           body="Release", answer="Released", params={"consumer": "the consumer's id"},
-          perm=Permission(CONSUME, BODY)),
+          op="releaseConsumer", perm=Permission(CONSUME, BODY)),
 ]  # fmt: skip

@@ -1,11 +1,10 @@
 """The OpenAPI 3 document served at ``/openapi.json``, derived from the route tables
-(``routes.Route``: summary, path and query parameters, body and response schemas, statuses),
-so every route is documented and nothing else is. The schemas are written here, with the
-limits of ``raftq.cluster.validate`` and ``commands``: request bodies are closed (the node
-refuses unknown fields) and carry names' patterns, numeric ranges and minItems; answers are
-open (a later version may add fields). JSON bodies carry payloads as base64; send
-``Content-Type: application/msgpack`` / ``Accept: application/msgpack`` for msgpack with raw
-bytes. Errors are always JSON ``{"code", "message", "details"}``.
+(``routes.Route``: summary, operationId, path and query parameters, body and response schemas,
+statuses; the tag is the route's module), so every route is documented and nothing else is. The
+schemas are written here, with the limits of ``raftq.cluster.validate`` and ``commands``:
+request bodies are closed (the node refuses unknown fields) and carry names' patterns, numeric
+ranges and minItems; answers are open (a later version may add fields). ``DESCRIPTION`` is what
+a user reads first (info.description).
 """
 
 from __future__ import annotations
@@ -95,6 +94,15 @@ PATTERN = {
 }
 HOST_PORT = {"type": "string", "pattern": "^.+:[0-9]{1,5}$", "description": "host:port"}
 B64 = {"type": "string", "format": "byte", "description": "base64 in JSON, raw bytes in msgpack"}
+TEXT = {
+    "type": "string",
+    "description": "the payload as text, instead of payload: stored as its UTF-8 bytes",
+}
+TEXT_OUT = {
+    "type": "string",
+    "description": "with payload_encoding=utf-8, a payload that is valid UTF-8 comes as text"
+    " instead of payload",
+}
 HEADERS = {
     "type": "object",
     "additionalProperties": {"type": "string", "maxLength": MAX_HEADER_LEN},
@@ -164,6 +172,7 @@ SCHEMAS: dict[str, Any] = {
     "Message": _obj(
         {
             "payload": B64,
+            "text": TEXT,
             "headers": HEADERS,
             "key": {
                 "type": "string",
@@ -173,8 +182,8 @@ SCHEMAS: dict[str, Any] = {
             },
             "delay": _secs(0, MAX_DELAY_S, "seconds before it may be delivered"),
         },
-        ["payload"],
-    ),
+    )
+    | {"oneOf": [{"required": ["payload"]}, {"required": ["text"]}]},
     "PublishBatch": _obj({"messages": _list(_ref("Message"), lo=1)}, ["messages"]),
     "Receive": _obj(
         {
@@ -286,11 +295,12 @@ SCHEMAS: dict[str, Any] = {
             "attempt": I,
             "receipt": S,
             "payload": B64,
+            "text": TEXT_OUT,
             "headers": ANSWER_HEADERS,
             "published_at": I,
             "deadline": I,
         },
-        ["seq", "attempt", "receipt", "payload"],
+        ["seq", "attempt", "receipt"],
     ),
     "Deliveries": _answer(
         {"consumer": S, "deliveries": _list(_ref("Delivery"))}, ["consumer", "deliveries"]
@@ -318,8 +328,14 @@ SCHEMAS: dict[str, Any] = {
             "topic": S,
             "messages": _list(
                 _answer(
-                    {"seq": I, "payload": B64, "headers": ANSWER_HEADERS, "published_at": I},
-                    ["seq", "payload"],
+                    {
+                        "seq": I,
+                        "payload": B64,
+                        "text": TEXT_OUT,
+                        "headers": ANSWER_HEADERS,
+                        "published_at": I,
+                    },
+                    ["seq"],
                 )
             ),
         },
@@ -335,6 +351,11 @@ SCHEMAS: dict[str, Any] = {
             "term": I,
             "commit_index": I,
             "applied_index": I,
+            "last_log_index": {
+                **I,
+                "description": "this node's last entry (--force-new-cluster takes it)",
+            },
+            "last_log_term": {**I, "description": "its term"},
             "members": ANY,
             "running": B,
             "error": {**S, "description": "why Raft stopped (role: stopped)"},
@@ -458,7 +479,8 @@ def _operation(route: Route) -> dict[str, Any]:
         }
     op: dict[str, Any] = {
         "summary": route.summary,
-        "operationId": f"{route.method.lower()}_{route.path}",
+        "operationId": _operation_id(route),
+        "tags": [_tag(route)],
         "parameters": params,
         "responses": responses,
     }
@@ -471,17 +493,74 @@ def _operation(route: Route) -> dict[str, Any]:
     return op
 
 
+DESCRIPTION = """\
+raftq is a message broker replicated with Raft: topics hold messages, each consumer group of a
+topic receives every message once, and a delivery is settled by its receipt (ack, nack, extend,
+term) before its visibility timeout runs out; a message that fails `max_attempts` times goes to
+the group's dead-letter topic.
+
+**Any node** answers any call: a follower forwards to the leader (its answer carries
+`X-Raftq-Leader`), and WebSocket streams redirect there (307).
+
+**Access control.** Every call but `/healthz` and `/readyz` (and `/metrics`, `/openapi.json`
+unless the node runs with `--auth-observe`) needs `Authorization: Bearer rq_<id>.<secret>`:
+401 without a valid token, 403 without the right on the topic.
+
+**Bodies** are JSON, or msgpack with `Content-Type` / `Accept: application/msgpack` (payloads
+as raw bytes). In JSON a message's `payload` is base64; send `text` (a string) instead to
+publish text, and add `?payload_encoding=utf-8` to a receive or peek to get each payload that is
+valid UTF-8 back as `text`:
+
+    curl -H "Authorization: Bearer $RAFTQ_TOKEN" -d '{"text": "hello"}' \\
+      http://localhost:8001/topics/orders/messages
+    curl -H "Authorization: Bearer $RAFTQ_TOKEN" -d '{"max": 10, "wait": 5}' \\
+      'http://localhost:8001/topics/orders/groups/default/receive?payload_encoding=utf-8'
+
+**Errors** are always JSON `{"code", "message", "details"}`, a 4xx for bad input. 429 and 503
+carry `Retry-After`; a 504 `outcome_unknown` means the command may or may not have been
+applied: publish again with the same `key` (stored once within the topic's `dedup_window`).
+"""
+
+# The tag of each route module (a module not listed here is tagged with its own name).
+TAGS = {
+    "topics": ("topics", "Topics and consumer groups: create, configure, stats, purge"),
+    "messages": ("messages", "Publish, receive, settle by receipt, peek and redrive"),
+    "stream": ("streams", "WebSocket streams: a pushing consumer, a publisher"),
+    "tokens": ("tokens", "Access tokens and their grants"),
+    "ops": ("cluster", "This node, its members, probes, metrics and this document"),
+}
+
+
+def _tag(route: Route) -> str:
+    module = route.handler.__module__.rpartition(".")[2]
+    return TAGS[module][0] if module in TAGS else module
+
+
+def _operation_id(route: Route) -> str:
+    """The route's own ``op``; else one made from method and path (a route table that forgot
+    it still serves; ``tests/node/test_layers.py`` asks every route to name one)."""
+    if route.op:
+        return route.op
+    words = re.findall(r"[A-Za-z0-9]+", route.path)
+    return route.method.lower() + "".join(w[:1].upper() + w[1:] for w in words)
+
+
 def document(routes: Sequence[Route]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
+    used: list[str] = []
     for route in routes:
         paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
+        if _tag(route) not in used:
+            used.append(_tag(route))
+    described = dict(TAGS.values())
     return {
         "openapi": "3.0.3",
         "info": {
             "title": "raftq node API",
             "version": "1",
-            "description": __doc__,
+            "description": DESCRIPTION,
         },
+        "tags": [{"name": t, "description": described.get(t, t)} for t in used],
         "paths": paths,
         "security": [{"bearer": []}],
         "components": {

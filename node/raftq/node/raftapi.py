@@ -12,6 +12,7 @@ from typing import Any, Protocol, TypeVar
 
 from raftq.cluster.raft import (
     EntryTooLarge,
+    ForceRefused,
     NotLeader,
     QueueFull,
     RaftError,
@@ -23,6 +24,7 @@ from raftq.cluster.state import Broker
 
 __all__ = [
     "EntryTooLarge",
+    "ForceRefused",
     "NotLeader",
     "QueueFull",
     "Raft",

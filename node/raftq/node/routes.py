@@ -110,6 +110,9 @@ class Route:
     ok: tuple[int, ...] = (200,)
     answer: str = "Any"
     params: dict[str, str] = field(default_factory=dict)  # path parameter -> description
+    # The OpenAPI operationId: camelCase, unique, stable (generated clients name their methods
+    # after it: renaming one breaks them).
+    op: str = ""
 
     def __post_init__(self) -> None:
         if self.where not in (LEADER, LOCAL):

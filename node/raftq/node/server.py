@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from raftq.node.auth import internal_token
 from raftq.node.commands import host_port
 from raftq.node.httplimits import ApiProtocols, ApiSite, HttpLimits
 from raftq.node.httpsite import HttpsSite
-from raftq.node.raftapi import Raft
+from raftq.node.raftapi import ForceRefused, Raft
 from raftq.node.tlsutil import NodeTLS, TLSConfigError, TLSFiles, covers, describe
 
 log = logging.getLogger("raftq.node")
@@ -39,6 +40,7 @@ log = logging.getLogger("raftq.node")
 DRAIN_S = 6.0  # NodeSettings.propose_timeout + 1
 TRANSFER_S = 3.0
 RAFT_STOP_S = 2.0
+EXIT_USAGE = 2  # a start refused for its flags (as argparse's errors): --force-new-cluster
 EXIT_RAFT_STOPPED = 3  # the process's exit code when Raft stopped on a failure
 
 
@@ -80,7 +82,8 @@ class NodeOptions:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     tls_ca: str | None = None
-    force_new_cluster: bool = False  # recovery: this node alone, its journal committed
+    force_new_cluster: int | None = None  # recovery: this node alone, its journal committed
+    # (this being its last log index)
 
 
 def split_hostport(value: str, what: str) -> tuple[str, int]:
@@ -105,6 +108,38 @@ def parse_peers(spec: str) -> dict[str, tuple[str, str]]:
             raise ValueError(f"peer {node_id} given twice")
         peers[node_id] = (raft, api)
     return peers
+
+
+_POD_NAME = re.compile(r"(.+)-(0|[1-9][0-9]{0,5})")
+
+
+def statefulset_peers(
+    node_id: str, raft: str, api: str, replicas: int
+) -> dict[str, tuple[str, str]]:
+    """The members of a StatefulSet of ``replicas`` pods, as ``parse_peers`` gives them: this
+    node is pod ``<name>-<ordinal>`` and its addresses start with its own name
+    (``raftq-1.raftq-headless:9000``); pod ``<name>-i`` has the same with its name. A pod
+    beyond ``replicas`` (scaled up, not yet added) names itself and those before it."""
+    pod = _POD_NAME.fullmatch(node_id)
+    if pod is None:
+        raise ValueError(
+            f"--statefulset-replicas: the id {node_id!r} is not a StatefulSet pod's name"
+            " (<name>-<ordinal>)"
+        )
+    base, ordinal = pod.group(1), int(pod.group(2))
+    suffixes = []
+    for what, addr in (("--raft", raft), ("--advertise", api)):
+        host, port = split_hostport(addr, what)
+        if host != node_id and not host.startswith(node_id + "."):
+            raise ValueError(
+                f"--statefulset-replicas: {what} {addr!r} must start with this pod's name"
+                f" {node_id!r} (e.g. {node_id}.<headless service>:{port})"
+            )
+        suffixes.append(addr[len(node_id) :])
+    return {
+        f"{base}-{i}": (f"{base}-{i}{suffixes[0]}", f"{base}-{i}{suffixes[1]}")
+        for i in range(max(replicas, ordinal + 1))
+    }
 
 
 def make_raft(opts: NodeOptions) -> Raft:
@@ -143,6 +178,9 @@ async def serve(
     raft = raft_factory(opts)
     try:
         raft.start()
+    except ForceRefused as e:
+        log.error("node %s: %s", opts.node_id, e)
+        return EXIT_USAGE
     except Exception as e:
         log.error("node %s: Raft did not start: %s", opts.node_id, e)
         return 1

@@ -551,9 +551,10 @@ ROUTES = [
                  FORMAT,
                  Query("batch", choices=("0", "1"), default="0",
                        doc="1: the deliveries of one receive in one frame")),
-          perm=Permission(CONSUME, PATH)),
+          op="consumeStream", perm=Permission(CONSUME, PATH)),
     Route("GET", "/publish/stream", publish_stream,
           "WebSocket publisher: each frame is one batch publish, answered after commit (see "
           "raftq.node.stream); a follower redirects (307) to the leader",
-          stream=True, ok=(101,), query=(FORMAT,), perm=Permission(PUBLISH, BODY)),
+          stream=True, ok=(101,), query=(FORMAT,), op="publishStream",
+          perm=Permission(PUBLISH, BODY)),
 ]  # fmt: skip

@@ -83,6 +83,7 @@ from __future__ import annotations
 from raftq.cluster.raft._node import RaftNode
 from raftq.cluster.raft._types import (
     EntryTooLarge,
+    ForceRefused,
     NotLeader,
     QueueFull,
     RaftConfig,
@@ -95,6 +96,7 @@ from raftq.cluster.storage import StorageCorrupt, StorageError
 
 __all__ = [
     "EntryTooLarge",
+    "ForceRefused",
     "NotLeader",
     "QueueFull",
     "RaftConfig",

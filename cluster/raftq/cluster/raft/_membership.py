@@ -12,8 +12,10 @@ same, so three bogus adds stopped a 3-node cluster for good. Here, on the leader
   no learners), and the next rule leaves room for it never to;
 * an add only if the live members (the new one not counted) are a majority of the new
   configuration (but one member may always add a second), and the new member answers on its
-  Raft port with the cluster secret (``probe``: pysyncobj's key exchange, sealed) within
-  ``PROBE_TIMEOUT``;
+  Raft port with the cluster secret and takes this node as a peer (``probe``: pysyncobj's
+  handshake, sealed, up to the first message after it) within ``PROBE_TIMEOUT``. A node
+  started without us in its peers never votes for us: a single member that added it could
+  never be elected again;
 * a remove only if the live members left are a majority of the new configuration.
 
 "Live": connected, and heard from within ``LIVE_WITHIN``. A refusal changes nothing and names
@@ -28,6 +30,8 @@ leader does over a new connection (it connects only to members: the node was add
 
 ``force_new_cluster`` is the way back from a lost majority: at start, commit and apply the
 whole journal, then make this node the only member (a snapshot written at once keeps that).
+It names the node's last log index (``RaftNode.start`` refuses another: ``ForceRefused``), so
+a flag left set does nothing once the log has moved on.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ CATCH_UP_GAP = 1000
 # A follower answers every heartbeat (50 ms); a loaded box has stalled a tick for ~1 s.
 LIVE_WITHIN = 2.0
 PROBE_TIMEOUT = 2.0
+# A node that takes us as a peer and dials us retries every RECONNECT (0.3 s) while refused.
+PROBE_DIALED_WITHIN = 1.0
 NOTICE_WAIT = 1.0
 
 _SIZE = struct.Struct("i")  # pysyncobj's frame header: the sealed body's length
@@ -86,14 +92,23 @@ def open_frame(sealer: _Sealer, body: bytes) -> Any:
     return pickle.loads(zlib.decompress(sealer.decrypt(body)))  # (authenticated first)
 
 
-async def probe(addr: str, sealer: _Sealer | None, timeout: float = PROBE_TIMEOUT) -> str | None:
-    """Does a node with this cluster's secret answer at Raft address ``addr``? None if so,
-    else why not. The key exchange every connection starts with: our random key, sealed; the
-    node answers with it and its own, sealed with the same secret. (Without a secret: it
-    accepts a connection.)"""
+NOT_A_PEER = "it does not list this node as a peer"
+
+
+async def probe(
+    addr: str, sealer: _Sealer | None, self_addr: str | None, timeout: float = PROBE_TIMEOUT
+) -> str | None:
+    """Does the node at Raft address ``addr`` have the cluster secret and, if ``self_addr`` is
+    given, take this node (at ``self_addr``) as a peer? None if so, else why not
+    (``NOT_A_PEER`` when only that is missing). The handshake every connection starts with:
+    our random key, sealed; the node answers with it and its own, sealed with the same secret;
+    we send our address with its key; a node that does not list that address closes the
+    connection, one that does greets us (raftq's hello). (Without a secret: it accepts a
+    connection.) Only for a node that does not dial us (``_seam.dials``): one that does would
+    take this connection for ours and, once it closes, redial with it, without a handshake."""
     host, _, port = addr.rpartition(":")
     key = os.urandom(32)
-    connected = False
+    connected = greeting = False
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
@@ -101,27 +116,46 @@ async def probe(addr: str, sealer: _Sealer | None, timeout: float = PROBE_TIMEOU
             try:
                 if sealer is None:
                     return None
+
+                async def receive() -> Any:
+                    (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
+                    if not 0 < size <= 4096:
+                        raise _NotOurs(f"it answered a frame of {size} bytes: not a raftq node")
+                    reply = open_frame(sealer, await reader.readexactly(size))
+                    if not (isinstance(reply, tuple) and len(reply) == 2 and reply[0] == key):
+                        raise _NotOurs("it did not answer the key exchange")
+                    return reply[1]
+
                 writer.write(seal_frame(sealer, key))
                 await writer.drain()
-                (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
-                if not 0 < size <= 4096:
-                    return f"it answered a frame of {size} bytes: not a raftq node"
-                reply = open_frame(sealer, await reader.readexactly(size))
+                theirs = await receive()
+                if self_addr is None:
+                    return None
+                greeting = True
+                writer.write(seal_frame(sealer, (theirs, self_addr)))
+                await writer.drain()
+                await receive()  # (whatever it sends first: it took us)
             finally:
                 writer.close()
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
     except TimeoutError:
         return f"no answer within {timeout:g} s"
+    except _NotOurs as e:
+        return str(e)
     except (OSError, asyncio.IncompleteReadError) as e:
         if not connected:
             return f"cannot connect ({getattr(e, 'strerror', None) or e})"
+        if greeting:
+            return NOT_A_PEER
         return "it closed the connection (another cluster secret, or not a raftq node)"
     except Exception:  # (InvalidTag, or not a frame of ours)
         return "its answer is not sealed with this cluster's secret"
-    if not (isinstance(reply, tuple) and len(reply) == 2 and reply[0] == key):
-        return "it did not answer the key exchange"
     return None
+
+
+class _NotOurs(Exception):
+    pass
 
 
 Callback = Callable[[Any, Any], None]

@@ -18,16 +18,34 @@ from raftq.cluster.raft._elections import Elections, PreVote
 from raftq.cluster.raft._events import Changes
 from raftq.cluster.raft._files import CommitMarks, align_journal, lock_data_dir
 from raftq.cluster.raft._inbound import Inbound
-from raftq.cluster.raft._membership import NOTICE_WAIT, PROBE_TIMEOUT, Membership, probe
+from raftq.cluster.raft._membership import (
+    NOT_A_PEER,
+    NOTICE_WAIT,
+    PROBE_DIALED_WITHIN,
+    PROBE_TIMEOUT,
+    Membership,
+    probe,
+)
 from raftq.cluster.raft._peers import Peers
 from raftq.cluster.raft._proposals import Proposals
 from raftq.cluster.raft._reads import Reads
 from raftq.cluster.raft._replication import Replication
-from raftq.cluster.raft._seam import FAIL_REASON, LEADER, ROLES, Hooks, Node, Raft, make_node
+from raftq.cluster.raft._seam import (
+    FAIL_REASON,
+    LEADER,
+    ROLES,
+    Hooks,
+    Node,
+    Raft,
+    dials,
+    make_node,
+    monotonic,
+)
 from raftq.cluster.raft._snapshots import _jitter, _Snapshots
 from raftq.cluster.raft._ticks import Ticks
 from raftq.cluster.raft._tuning import (
     COMPACTION_ENTRIES,
+    LEADER_SILENT,
     LOOP_TICKS,
     MAX_ENTRY_BYTES,
     PRE_VOTE,
@@ -36,6 +54,7 @@ from raftq.cluster.raft._tuning import (
 )
 from raftq.cluster.raft._types import (
     EntryTooLarge,
+    ForceRefused,
     NotLeader,
     QueueFull,
     RaftConfig,
@@ -232,15 +251,29 @@ class RaftNode:
                 self._marks.apply(raft, journal)
             except StorageError as e:
                 self._fail(e)
-        if self._fatal is None and cfg.force_new_cluster:
-            try:
-                self._force_new_cluster()
-            except StorageError as e:
-                self._fail(e)
-        if self._fatal is not None:
+        refused: ForceRefused | None = None
+        if self._fatal is None and cfg.force_new_cluster is not None:
+            last = raft.last_log_index
+            if last != cfg.force_new_cluster:
+                # Left set (compose, k8s env), it would make a restarted node a cluster of one
+                # again, beside the members added back since: a split brain.
+                refused = ForceRefused(
+                    f"--force-new-cluster {cfg.force_new_cluster}: this node's last log index"
+                    f" is {last}, not forcing (left set from an earlier recovery? then remove"
+                    f" it; to force this log: --force-new-cluster {last})"
+                )
+            else:
+                try:
+                    self._force_new_cluster()
+                except StorageError as e:
+                    self._fail(e)
+        if self._fatal is not None or refused is not None:
             raft.destroy()
             self._ticks.close_notifier()
-            raise self._fatal
+            if self._fatal is not None:
+                raise self._fatal
+            self._unlock_dir()
+            raise refused  # type: ignore[misc]
         if not cfg.secret:
             log.warning(
                 "raft %s: INSECURE, no cluster secret: anyone reaching %s can run code"
@@ -252,7 +285,7 @@ class RaftNode:
         # or this node calls an election (and deposes a healthy leader) on its first tick.
         self._elections.restart_timer()
         self._ticks.start(f"raft-{cfg.node_id}")
-        if cfg.force_new_cluster:
+        if cfg.force_new_cluster is not None:
             self.force_compaction()  # the snapshot keeps the new membership (see above)
 
     def _force_new_cluster(self) -> None:
@@ -347,6 +380,8 @@ class RaftNode:
         leader = raft.leader if raft.started else None
         if leader is None:
             return None, None
+        if raft.state != LEADER and monotonic() - self._pre_vote.heard_leader_at > LEADER_SILENT:
+            return None, None  # (pysyncobj keeps it set while nobody answers our pre-votes)
         info = self._info.get(leader.id)
         if info is not None:
             return info
@@ -475,6 +510,8 @@ class RaftNode:
             members=members,
             running=running,
             removed=self._members.removed,
+            last_log_index=raft.last_log_index,
+            last_log_term=raft.last_log_term,
             error=None if self._fatal is None else str(self._fatal),
             leader_commit=raft.leader_commit,
         )
@@ -597,7 +634,13 @@ class RaftNode:
         if not self.is_leader():
             raise self._not_leader()
         # Never a member that is not there: it would count toward the majority all the same.
-        why = await probe(raft_addr, self._sealer, PROBE_TIMEOUT)
+        why = await self._probe(raft_addr)
+        if why == NOT_A_PEER:  # (it would never vote for us: one member alone would wedge)
+            raise RaftError(
+                f"membership change refused: {node_id} does not list this node as a peer:"
+                f" start it with every member in --peers (this node: {self.config.node_id}"
+                f" at {self.config.raft_addr})"
+            )
         if why is not None:
             raise RaftError(
                 f"membership change refused: {node_id} does not answer on its Raft port"
@@ -606,6 +649,23 @@ class RaftNode:
             )
         self._info[raft_addr] = (node_id, api_addr)
         await self._membership("add", make_node(raft_addr, node_id, api_addr), timeout)
+
+    async def _probe(self, raft_addr: str) -> str | None:
+        """``_membership.probe``; for a node that dials us, the proof that it takes us as a peer
+        is its own attempts to connect (refused until it is a member), within PROBE_TIMEOUT."""
+        me = self.config.raft_addr
+        if not dials(raft_addr, me):
+            return await probe(raft_addr, self._sealer, me, PROBE_TIMEOUT)
+        start = time.monotonic()
+        why = await probe(raft_addr, self._sealer, None, PROBE_TIMEOUT)
+        if why is not None:
+            return why
+        since = monotonic() - PROBE_DIALED_WITHIN
+        while (self._raft.dialed_by(raft_addr) or -1e9) < since:
+            if time.monotonic() - start > PROBE_TIMEOUT:
+                return NOT_A_PEER
+            await asyncio.sleep(0.05)
+        return None
 
     async def remove_member(self, node_id: str, timeout: float = 10.0) -> None:
         self._check_running()

@@ -89,6 +89,7 @@ OVERRIDDEN: dict[str, tuple[str, ...]] = {
         "_onDisconnected",  # a handshake the peer cut short is logged
         "_onOutgoingConnected",
         "_onOutgoingMessageReceived",
+        "_onIncomingMessageReceived",  # a non-member presenting its address is noted
     ),
     _CONNECTION: (  # per instance (see _Transport.raftq_guard)
         "_TcpConnection__tryReadBuffer",  # one recv per event, frame sizes capped
@@ -123,6 +124,7 @@ READ: dict[str, tuple[str, ...]] = {
     _TRANSPORT: (
         "_connections",
         "_unknownConnections",
+        "_nodeAddrToNode",
         "_server",
         "_onMessageReceivedCallback",
         "_onNodeConnectedCallback",
@@ -359,6 +361,7 @@ __all__ = [
     "PysyncobjMismatch",
     "Raft",
     "check_pysyncobj",
+    "dials",
     "make_node",
     "monotonic",
 ]
@@ -443,6 +446,8 @@ class _Transport(TCPTransport):  # type: ignore[misc]
         # Inbound connections open (authenticated or not), oldest first.
         self.raftq_inbound: dict[Any, None] = {}
         self.raftq_ticked = 0.0  # when _onTick last ran
+        # Addresses that authenticated nodes presented as theirs, not members: when (refused)
+        self.raftq_strangers: dict[str, float] = {}
         super().__init__(*args)
 
     def _createServer(self) -> None:
@@ -515,6 +520,21 @@ class _Transport(TCPTransport):  # type: ignore[misc]
     def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:
         conn.raftq_handshake = False
         super()._onOutgoingMessageReceived(conn, message)
+
+    def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
+        if (
+            isinstance(message, str)
+            and conn in self._unknownConnections
+            and (conn.sendRandKey or not conn.encryptor)  # (the key exchange is done)
+            and message != "readonly"
+            and message not in self._nodeAddrToNode
+        ):
+            # A node with the cluster secret that takes us as a peer; pysyncobj refuses it
+            # (not a member). The membership probe asks (``Raft.dialed_by``).
+            if len(self.raftq_strangers) >= 256:
+                self.raftq_strangers = {}
+            self.raftq_strangers[message] = monotonic()
+        super()._onIncomingMessageReceived(conn, message)
 
     def _onDisconnected(self, conn: Any) -> None:
         self.raftq_inbound.pop(conn, None)
@@ -965,6 +985,11 @@ class Raft:
     def is_connected(self, node: Node) -> bool:
         return bool(self._b.isNodeConnected(node))
 
+    def dialed_by(self, addr: str) -> float | None:
+        """When a node that is not a member last connected to us with the cluster secret,
+        presenting Raft address ``addr`` as its own (pysyncobj refused it), on pysyncobj's clock."""
+        return self._transport.raftq_strangers.get(addr) if self._transport else None
+
     def connected_to_anyone(self) -> bool:
         """pysyncobj's own condition for standing for election (without the pre-vote gate)."""
         return bool(SyncObj._SyncObj__connectedToAnyone(self._b))
@@ -1072,6 +1097,12 @@ class Raft:
         transport = self._transport
         for conn in transport._connections.values():  # (inbound ones: guarded at accept)
             transport.raftq_guard(conn)
+
+
+def dials(self_addr: str, addr: str) -> bool:
+    """Whether a node at ``self_addr`` opens the connection to its peer at ``addr`` (pysyncobj:
+    the larger address dials; the other one only accepts)."""
+    return self_addr > addr
 
 
 def _denied(args: Any, callback: Callable[[Any, Any], None]) -> None:

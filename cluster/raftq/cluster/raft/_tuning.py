@@ -22,6 +22,12 @@ ELECTION_MIN, ELECTION_MAX = 0.6, 1.0  # how long a follower waits without an ap
 # unchanged) with 0.6-1.0, 0.5-0.8 or 1.0-2.0. SIGSTOP of the leader -> a survivor leads
 # (raftq bench --cases s): median 1.69 s, max 3.35 s with 1.0-2.0 (20 stops); 0.69 s, max
 # 0.82 s with 0.5-0.8 (10, interleaved with those); 0.85 s, max 1.02 s with these (10).
+LEADER_SILENT = 2.0  # a follower that has had no append from its leader this long
+# names no leader (not ready, 503 no_leader): pre-vote keeps pysyncobj's leader set for good on
+# a node nobody answers (removed while stopped or cut off; cut off from every other node). 40
+# heartbeats, twice the longest tick stall seen on the loaded box (~1 s): a healthy follower
+# never goes quiet that long (longest gap between appends measured: 635 ms, see above), and
+# by then it would have stood for election anyway (> ELECTION_MAX).
 FAST_ELECTION_WINDOW = 2.0  # fast timeouts only this long after the leader's connection dropped
 FAST_ELECTION_MIN, FAST_ELECTION_MAX = 0.15, 0.5  # after the connection to the leader drops
 # (a killed leader's peers see it close at once), and for retries until a leader is heard from

@@ -18,14 +18,19 @@ class RaftConfig:
     secret: str | None
     insecure: bool = False
     fsync: str = "always"  # "always" | "never" (never: a power loss can lose acked entries)
-    # Recovery from a lost majority: commit this node's journal and make it the only member.
-    force_new_cluster: bool = False
+    # Recovery from a lost majority: commit this node's journal and make it the only member,
+    # if its last log index is this (the operator's confirmation; one-shot: the log moves on).
+    force_new_cluster: int | None = None
     max_connections: int = MAX_CONNECTIONS  # unauthenticated inbound Raft connections at once
     handshake_timeout: float = HANDSHAKE_TIMEOUT  # seconds for an inbound one to authenticate
 
 
 class RaftError(Exception):
     """Base of the binding's errors."""
+
+
+class ForceRefused(RaftError):
+    """``force_new_cluster`` named another index than this node's last: nothing was done."""
 
 
 class ReadNotReady(RaftError):
@@ -73,3 +78,6 @@ class RaftStatus:
     leader_commit: int | None = None
     # A leader told this node it is being removed from the cluster (it serves no more).
     removed: bool = False
+    # This node's log (the longest one's holder is the survivor to force: README).
+    last_log_index: int = 0
+    last_log_term: int = 0
