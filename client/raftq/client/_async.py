@@ -811,7 +811,8 @@ class AsyncClient:
             publisher.drop(st)  # (closed, or silent for attempt_timeout: not used again)
             if e.silent:  # a frozen or unplugged node, the leader a follower forwards to:
                 # the HTTP try goes to another node, not into the same silence again
-                for url in {st.url, self.endpoints.leader} - {None}:
+                leader = self.endpoints.leader
+                for url in {st.url} if leader is None else {st.url, leader}:
                     self.endpoints.failed(url)
             if e.sent:  # (it may have been applied: the HTTP try finds out, by the keys)
                 unknown = UnknownOutcome(f"{st.url}: the publish stream gave no answer")
