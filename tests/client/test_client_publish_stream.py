@@ -5,6 +5,7 @@ stream cannot give a definite answer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 from collections.abc import AsyncIterator, Callable
@@ -155,6 +156,31 @@ async def test_a_stream_that_leaves_a_publish_unanswered_is_dropped_and_http_fin
         assert await c.publish("t", b"p") == 7
         assert c._publisher.stream is not silent  # not used again
     assert [how for how, _ in got] == ["http", "stream", "http"]
+
+
+@pytest.mark.parametrize("stream_on", ["leader", "follower"])
+async def test_after_a_silent_stream_the_http_try_goes_to_another_node(stream_on: str) -> None:
+    """A frozen leader keeps its sockets open and answers nothing: once a publish stream (to
+    it, or to a follower forwarding to it) was silent for attempt_timeout, the HTTP try goes to
+    another node instead of into the same silence for another attempt_timeout."""
+    servers = [scripted(lambda f: SILENT) for _ in range(3)]
+    async with contextlib.AsyncExitStack() as stack:
+        urls = [(await stack.enter_async_context(serve(app)))[0] for app, _ in servers]
+        c = await stack.enter_async_context(AsyncClient(urls, timeout=5.0, attempt_timeout=0.3))
+        await c.publish("t", b"warm-up")
+        await until(lambda: stream_open(c))
+        assert c._publisher is not None and c._publisher.stream is not None
+        streamed = c._publisher.stream.url
+        leader = streamed if stream_on == "leader" else next(u for u in urls if u != streamed)
+        c.endpoints.learn(leader)  # as a node's answer would have named it
+        for _, got in servers:
+            got.clear()
+        assert await c.publish("t", b"p") == 7
+    hows = {url: [how for how, _ in got] for url, (_, got) in zip(urls, servers, strict=True)}
+    assert hows.pop(streamed) == ["stream"]
+    assert sorted(hows.values()) == [[], ["http"]]  # one try, to a third node
+    if stream_on == "follower":
+        assert hows[leader] == []  # not to the leader the follower forwarded to
 
 
 async def test_a_refusal_over_the_stream_is_the_callers_answer() -> None:

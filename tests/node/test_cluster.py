@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import functools
+import signal
 import socket
 import struct
 import time
@@ -232,6 +233,43 @@ def test_kill9_leader_keeps_deliveries_acks_and_dead_lettering(cluster3: Cluster
         ),
         20,
     )
+
+
+def test_a_frozen_leader_is_replaced_and_rejoins_as_a_follower(cluster3: Cluster) -> None:
+    """SIGSTOP of the leader closes no socket (as a frozen or unplugged host): the followers
+    notice the missing heartbeats, elect a leader that takes publishes, and the old one, once
+    resumed, follows it and holds the same state."""
+    c = cluster3
+    old = c.wait_leader()
+    entry = c.followers()[0]
+    topic = uniq()
+    call(c, entry, "POST", "/topics", {"topic": topic}, 201)
+    call(c, entry, "POST", f"/topics/{topic}/messages", {"payload": b64(b"before")})
+    c.signal(old, signal.SIGSTOP)
+    try:
+        new = c.wait_leader(15, not_=old)
+        wait_for(
+            "a publish through the new leader",
+            lambda: http("POST", c.url(new) + f"/topics/{topic}/messages",
+                         {"payload": b64(b"after")}, timeout=2)[0] == 200,
+            15,
+        )  # fmt: skip
+    finally:
+        c.signal(old, signal.SIGCONT)
+
+    def digest(nid: str) -> Any:
+        return call(c, nid, "GET", "/cluster?digest=1")
+
+    wait_for(
+        f"{old} to follow {new} with its state",
+        lambda: (
+            (st := digest(old))["role"] == "follower"
+            and st["leader"] == new
+            and st["digest"] == digest(new)["digest"]
+        ),
+        20,
+    )
+    assert c.wait_leader() == new
 
 
 def test_sigterm_loses_nothing_and_restart_recovers(cluster3: Cluster) -> None:

@@ -862,6 +862,20 @@ async def test_a_blocked_loop_does_not_cost_the_leader_its_leadership(three: Nod
     assert leader._ticks.on_home
 
 
+async def test_followers_measure_the_longest_gap_between_their_leaders_appends(
+    three: Nodes,
+) -> None:
+    """The gap a silent leader death must exceed to be noticed (raft stat max_append_gap_ms,
+    which ELECTION_MIN is chosen from): measured by each follower, none by the leader."""
+    leader = await three.leader()
+    followers = [n for n in three.nodes.values() if n is not leader]
+    await until(
+        "the followers to measure a gap",
+        lambda: all(n.stats["max_append_gap_ms"] > 0 for n in followers),
+    )
+    assert leader.stats["max_append_gap_ms"] == 0  # (it hears no appends)
+
+
 def test_a_socket_closed_before_it_is_unregistered_wakes_the_loop_at_most_once() -> None:
     """pysyncobj closes a socket, then unsubscribes it. While a forked snapshot writer holds a
     copy, an epoll set keeps the registration: one-shot registrations report it once."""

@@ -143,9 +143,10 @@ class AsyncMessage(Delivery):
 
 
 class _StreamClosed(Exception):
-    def __init__(self, sent: bool) -> None:
+    def __init__(self, sent: bool, silent: bool = False) -> None:
         super().__init__("the stream closed" if sent else "the stream closed before sending")
         self.sent = sent  # the frame went out: the server may have applied it
+        self.silent = silent  # no answer in time, the connection still up (a frozen node)
 
 
 class _Stream:
@@ -253,7 +254,7 @@ class _Stream:
     def _expire(self, fid: int) -> None:
         fut = self._calls.pop(fid, None)
         if fut is not None and not fut.done():
-            fut.set_exception(_StreamClosed(sent=True))
+            fut.set_exception(_StreamClosed(sent=True, silent=True))
 
     async def close(self) -> None:
         self._flush_acks()  # acks given before leaving the loop go out before the close
@@ -808,6 +809,11 @@ class AsyncClient:
             return res
         except _StreamClosed as e:
             publisher.drop(st)  # (closed, or silent for attempt_timeout: not used again)
+            if e.silent:  # a frozen or unplugged node, the leader a follower forwards to:
+                # the HTTP try goes to another node, not into the same silence again
+                leader = self.endpoints.leader
+                for url in {st.url} if leader is None else {st.url, leader}:
+                    self.endpoints.failed(url)
             if e.sent:  # (it may have been applied: the HTTP try finds out, by the keys)
                 unknown = UnknownOutcome(f"{st.url}: the publish stream gave no answer")
         except UnknownOutcome as e:

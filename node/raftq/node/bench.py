@@ -9,6 +9,10 @@ Cases, for each payload size, repeated ``--runs`` times (table: median, spread =
   (f) unavailability after kill -9 of the leader      seconds until publishes succeed again
   (g) the same, every client through one follower     seconds until publishes / receives succeed
       (as behind a load balancer: the clients never learn another node's address)
+  (s) unavailability after SIGSTOP of the leader      seconds until publishes succeed again
+      (a silent death: a frozen or unplugged host closes no socket; SIGCONT afterwards)
+The Raft term before and after the (a)-(e) cases is printed: it moves only on an election,
+and there should be none under load (nor a longest heartbeat gap near the election timeout).
 With ``--nats DIR`` (the perf-anchor scripts: start_nats.sh, bench_nats.py, stop_nats.sh) it also
 runs NATS JetStream R3 with ``sync_interval: always`` and prints raftq/NATS ratios. The repeats
 are interleaved: round k runs raftq's cases, then NATS's (both clusters stay up, the other one
@@ -45,7 +49,7 @@ from raftq.client._http import HttpPool
 from raftq.client.transport import AsyncTransport, Response
 from raftq.node.devcluster import get_json, new_admin_token, node_command, node_env, wait_for_leader
 
-CASES = "a,b,c,d,e,f,g"  # and "m": memory and restart with --m-messages queued (not by default)
+CASES = "a,b,c,d,e,f,g,s"  # and "m": memory and restart with --m-messages queued (not by default)
 # raftq case -> the NATS anchor case it is compared with.
 NATS_CASE = {"a": "(a) sync publish", "b": "(b) pipelined publish", "c": "(b) pipelined publish",
              "d": "(c) pull fetch"}  # fmt: skip
@@ -141,6 +145,19 @@ class LocalCluster:
     def url_of(self, nid: str) -> str:
         return next(f"http://{self.addr(n)}" for n in self.layout if n["id"] == nid)
 
+    def freeze(self, nid: str, frozen: bool = True) -> None:
+        """SIGSTOP (or SIGCONT) a node: its sockets stay open, it sends and answers nothing."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.procs[nid].pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
+    def term(self) -> int:
+        """The highest Raft term the nodes report."""
+        terms = [0]
+        for n in self.layout:
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                terms.append(int(get_json(f"http://{self.addr(n)}/cluster", 2, self.token)["term"]))
+        return max(terms)
+
     def kill(self, nid: str) -> None:
         p = self.procs[nid]
         if nid in self.relays:
@@ -176,6 +193,16 @@ class LocalCluster:
         self.relays.clear()
         if remove:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def metric(self, api: str, name: str, timeout: float = 5) -> float | None:
+        """One unlabelled series of a node's /metrics."""
+        req = urllib.request.Request(f"http://{api}/metrics")
+        req.add_header("Authorization", f"Bearer {self.token}")  # (--auth-observe)
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(f"{name} "):
+                    return float(line.split()[1])
+        return None
 
     def raft_stats(self) -> dict[str, dict[str, float]]:
         """Each node's Raft binding series from /metrics (fsyncs, time in fsync, longest
@@ -340,6 +367,7 @@ def pct(values: list[float], p: float) -> float:
 class Results:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
+        self.elections_under_load: int | None = None  # term moves during (a)-(e)
 
     def add(self, case: str, run: int, n: int, secs: float, lats: list[float] | None = None,
             **extra: Any) -> None:  # fmt: skip
@@ -451,6 +479,7 @@ async def run_cases(
     after_round: Callable[[int], None] | None = None,
 ) -> None:
     cases = set(args.cases.split(","))
+    term0 = cl.term()
     for run in range(1, args.runs + 1):
         for size in [int(s) for s in args.sizes.split(",")]:
             async with cl.client(cl.url_of(cl.leader()), timeout=60) as c:
@@ -460,6 +489,21 @@ async def run_cases(
                 await c.delete_topic(topic)
         if after_round is not None:
             await asyncio.to_thread(after_round, run)  # the same round of the anchor
+    if cases & set("abcde"):
+        term1 = cl.term()
+        gaps = {nid: d.get("max_append_gap_seconds", 0) * 1000
+                for nid, d in sorted(cl.raft_stats().items())}  # fmt: skip
+        res.elections_under_load = term1 - term0
+        print(f"  [raftq] (a)-(e): term {term0} -> {term1} ({term1 - term0} elections); longest"
+              f" gap between a leader's appends (ms): {gaps}", flush=True)  # fmt: skip
+    if "s" in cases:
+        for run in range(1, args.runs + 1):
+            gap, elected = await failover(cl, freeze=True)
+            res.add("(s) publishes resume after leader SIGSTOP", run, 1, 1.0, unavailable_s=gap,
+                    elected_s=elected)  # fmt: skip
+            print(f"  [raftq] (s) run{run}: publishes resumed after {gap:.2f} s; a survivor "
+                  f"was leader after {elected if elected is not None else float('nan'):.2f} s",
+                  flush=True)  # fmt: skip
     if "f" in cases:
         for run in range(1, args.runs + 1):
             gap, elected = await failover(cl)
@@ -574,10 +618,11 @@ async def end_to_end(c: AsyncClient, topic: str, payload: bytes, secs: float) ->
     return lats
 
 
-async def failover(cl: LocalCluster) -> tuple[float, float | None]:
+async def failover(cl: LocalCluster, freeze: bool = False) -> tuple[float, float | None]:
     """Seconds from kill -9 of the leader until a publish succeeds again (the client retries on
     its own: this is what a publisher sees), and until a survivor reports itself leader (the
-    election; polled every 20 ms). The killed node is restarted afterwards."""
+    election; polled every 20 ms). The killed node is restarted afterwards. With ``freeze`` the
+    leader is SIGSTOPped instead (no socket closes), and SIGCONTed afterwards."""
     # A healthy cluster first: a node restarted by the previous run may still be replaying its
     # journal (one long Raft tick), and could not vote yet.
     await asyncio.to_thread(cl.all_ready, 60)
@@ -588,9 +633,9 @@ async def failover(cl: LocalCluster) -> tuple[float, float | None]:
 
     def watch(stop: threading.Event, t0: float) -> None:
         while not stop.is_set() and not elected:
-            for api in survivors:
+            for api in survivors:  # (not /cluster: it probes every member, a frozen one too)
                 with contextlib.suppress(OSError, ValueError):
-                    if get_json(f"http://{api}/cluster", 0.3, cl.token).get("role") == "leader":
+                    if cl.metric(api, "raftq_raft_is_leader", 0.3) == 1:
                         elected.append(time.perf_counter() - t0)
                         break
             stop.wait(0.02)
@@ -601,7 +646,10 @@ async def failover(cl: LocalCluster) -> tuple[float, float | None]:
             await c.publish(topic, b"x")
         stop = threading.Event()
         killed_at = time.perf_counter()
-        cl.kill(leader)
+        if freeze:
+            cl.freeze(leader)
+        else:
+            cl.kill(leader)
         watcher = threading.Thread(target=watch, args=(stop, killed_at), daemon=True)
         watcher.start()
         while True:
@@ -613,7 +661,10 @@ async def failover(cl: LocalCluster) -> tuple[float, float | None]:
         gap = time.perf_counter() - killed_at
         stop.set()
         await asyncio.to_thread(watcher.join, 5)
-    cl.start(leader)
+    if freeze:
+        cl.freeze(leader, False)
+    else:
+        cl.start(leader)
     cl.leader()
     return gap, (elected[0] if elected else None)
 
@@ -840,6 +891,7 @@ async def run(args: argparse.Namespace) -> int:
             anchor.start()
         await run_cases(cl, args, res, anchor.round if anchor is not None else None)
         meta["rss_mb_after"] = cl.rss_mb()
+        meta["elections_under_load"] = res.elections_under_load
         meta["raft_stats"] = st = cl.raft_stats()
         for nid, d in sorted(st.items()):
             syncs = d.get("fsyncs_total", 0)

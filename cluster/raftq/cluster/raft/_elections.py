@@ -40,6 +40,7 @@ class Elections:
         self.leader_lost_until = 0.0
         # New entries last received as a quorum member / only in heartbeats (time.monotonic)
         self.quorum_at = self.lagging_at = -QUORUM_RECENT
+        self._append_at: tuple[int, float] | None = None  # (term, when) of the last append
 
     def election_timeout(self) -> float:
         if self.leader_lost and (
@@ -76,6 +77,13 @@ class Elections:
 
     def heard_append(self, message: dict[str, Any], current: bool) -> None:
         """An append from a leader (``current``: of our term or newer)."""
+        if current:
+            now, term = time.monotonic(), message.get("term", -1)
+            last = self._append_at
+            if last is not None and last[0] == term:  # the same leader: the gap a silent
+                gap = int((now - last[1]) * 1000)  # death must exceed to be noticed
+                self._stats["max_append_gap_ms"] = max(self._stats["max_append_gap_ms"], gap)
+            self._append_at = (term, now)
         quorum = message.get("quorum")
         if quorum:
             self.quorum_at = time.monotonic()

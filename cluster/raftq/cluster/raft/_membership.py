@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from raftq.cluster.raft._seam import LEADER, Node, monotonic
-from raftq.cluster.raft._tuning import ELECTION_MAX, PICKLE_PROTOCOL
+from raftq.cluster.raft._tuning import PICKLE_PROTOCOL
 from raftq.cluster.raft._wire import _Sealer, _stored_zlib
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ KINDS = frozenset([REMOVAL, REMOVAL_ACK, REMOVAL_CANCEL])
 # waiting for the snapshot, by everything.
 CATCH_UP_GAP = 1000
 # A follower answers every heartbeat (50 ms); a loaded box has stalled a tick for ~1 s.
-LIVE_WITHIN = ELECTION_MAX
+LIVE_WITHIN = 2.0
 PROBE_TIMEOUT = 2.0
 # A node that takes us as a peer and dials us retries every RECONNECT (0.3 s) while refused.
 PROBE_DIALED_WITHIN = 1.0

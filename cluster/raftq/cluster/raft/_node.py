@@ -121,6 +121,7 @@ class RaftNode:
             "snapshots": 0,
             "last_snapshot_ms": 0,
             "fast_elections": 0,
+            "max_append_gap_ms": 0,  # longest a follower went between its leader's appends
             "rescues": 0,
             "loop_ticks": 0,
             "watchdog_ticks": 0,

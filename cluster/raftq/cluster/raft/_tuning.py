@@ -9,15 +9,25 @@ TICK = 0.01  # poll timeout of the tick thread; new proposals wake it through a 
 APPEND_PERIOD = 0.05  # heartbeat, which also carries new entries to the followers outside the
 # quorum (QUORUM_SENDS). The quorum gets entries as soon as they are appended (pysyncobj
 # made each wait for the next period: ~10 commands/s sequentially with the 0.1 s default).
-ELECTION_MIN, ELECTION_MAX = 1.0, 2.0  # longest Raft tick seen on the loaded box (load ~5 on
-# 2 cores): 250 ms during compaction, 90 ms on a leader streaming a 100 MB snapshot, 16 ms idle;
-# the 0.4 s default left too little margin. Applies while the leader's connection is up (a hung
-# or partitioned leader); a killed leader's peers see its connection close: see below.
-LEADER_SILENT = ELECTION_MAX  # a follower that has had no append from its leader this long
+ELECTION_MIN, ELECTION_MAX = 0.6, 1.0  # how long a follower waits without an append (a
+# heartbeat every APPEND_PERIOD) before it asks for a pre-vote: a leader that dies silently (a
+# frozen or unplugged host closes no socket) is replaced within ~1 s. Longest gap between a
+# leader's appends that a follower saw (raft stat max_append_gap_ms) under the whole bench
+# (raftq bench --cases a,b,c,d,e --runs 3: 4-5 compactions a node), other agents loading the
+# 2 cores: 96-108 ms in quiet runs; 408 ms when the leader itself stalled (longest tick 478 ms,
+# the box busy), and 635 ms on a follower whose own tick stalled 814 ms (that one self-heals:
+# it reads the leader's appends before its timer is checked; no pre-vote was asked). 0.6 s is
+# ~1.5x the worst leader stall seen; a follower whose timer fires anyway cannot depose a live
+# leader: the others refuse its pre-vote (LEADER_FRESH). No election during those runs (term
+# unchanged) with 0.6-1.0, 0.5-0.8 or 1.0-2.0. SIGSTOP of the leader -> a survivor leads
+# (raftq bench --cases s): median 1.69 s, max 3.35 s with 1.0-2.0 (20 stops); 0.69 s, max
+# 0.82 s with 0.5-0.8 (10, interleaved with those); 0.85 s, max 1.02 s with these (10).
+LEADER_SILENT = 2.0  # a follower that has had no append from its leader this long
 # names no leader (not ready, 503 no_leader): pre-vote keeps pysyncobj's leader set for good on
 # a node nobody answers (removed while stopped or cut off; cut off from every other node). 40
 # heartbeats, twice the longest tick stall seen on the loaded box (~1 s): a healthy follower
-# never goes quiet that long, and by then it would have stood for election anyway.
+# never goes quiet that long (longest gap between appends measured: 635 ms, see above), and
+# by then it would have stood for election anyway (> ELECTION_MAX).
 FAST_ELECTION_WINDOW = 2.0  # fast timeouts only this long after the leader's connection dropped
 FAST_ELECTION_MIN, FAST_ELECTION_MAX = 0.15, 0.5  # after the connection to the leader drops
 # (a killed leader's peers see it close at once), and for retries until a leader is heard from
@@ -32,7 +42,7 @@ FAST_ELECTION_SPLIT = 0.3  # with quorum sends (below) a follower outside the qu
 # two runs each: 0.27/0.30 s sending to all followers, 0.42/0.37 s quorum sends alone,
 # 0.27/0.29 s with this split.
 QUORUM_RECENT = 1.0
-LEADER_FALLBACK = 2.5  # an isolated leader steps down soon after the others can elect a new
+LEADER_FALLBACK = 1.5  # an isolated leader steps down soon after the others can elect a new
 # one (> ELECTION_MAX) instead of accepting doomed proposals for 30 s (default).
 CONNECTION_TIMEOUT = 10.0  # a follower restoring a 1M-message snapshot is busy for ~3 s; with
 # 3.5 s (default) the leader cut the connection mid-install and started over. Killed peers are
@@ -75,7 +85,8 @@ PRE_VOTE = True  # before standing for election (term + 1), ask the others wheth
 # away and deposes the healthy leader when it comes back (pysyncobj steps down on any higher
 # term in a vote request; the cluster then waited out an election timeout).
 PRE_VOTE_WAIT = 0.2  # a pre-vote round not won within this is lost: ask again after a timeout
-LEADER_FRESH = 0.5  # a node that heard a leader this recently (10 heartbeats) refuses pre-votes,
+LEADER_FRESH = 0.5  # a node that heard a leader this recently (10 heartbeats; < ELECTION_MIN, or
+# it would refuse a follower whose timer fired first after a silent death) refuses pre-votes,
 # unless its connection to that leader dropped (a killed leader: fast elections stay fast)
 HELLO_GRACE = 1.0  # a newly connected peer says within this that it takes part in pre-votes;
 # one that does not runs an older version and votes as before: it counts as granting
