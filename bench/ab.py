@@ -8,6 +8,11 @@ Each checkout needs its own venv with raftq installed from it (``make venv`` the
 one ``raftq bench --runs 1``: a fresh 3-node cluster, fsync always), so the VM's drift (±15 %
 within the hour here) hits both sides alike. Prints, per case, the median rate of each side,
 B/A of the medians and B/A of each adjacent pair; writes the rows as JSON (``--out``).
+
+Rates on a shared VM scatter by ±15-40 % per run, so it also prints the CPU each side spent
+per message: the CPU time (user + system) of the whole bench run (its nodes and clients, all
+child processes) over the messages its cases moved. That cost drifts far less than a rate
+does when the box is busy, and it is what a code change moves.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,9 +35,15 @@ def run_one(
     raftq = checkout / ".venv" / "bin" / "raftq"
     cmd = [str(raftq), "bench", "--runs", "1", "--cases", args.cases, "--sizes", args.sizes,
            "--secs", str(args.secs), "--n", str(args.n), "--out", str(out)]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(cmd, check=True, cwd=checkout, stdout=subprocess.DEVNULL, timeout=1800,
                    env={**os.environ, **env})  # fmt: skip
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     rows: list[dict[str, Any]] = json.loads(out.read_text())["runs"]
+    moved = sum(int(r.get("n", 0)) for r in rows)
+    for r in rows:
+        r["cpu_us_per_msg"] = 1e6 * cpu / moved if moved else None  # (the whole run's)
     return rows
 
 
@@ -77,6 +89,16 @@ def main() -> int:
             p50 = f"  p50 {pa:.2f} -> {pb:.2f} ms"
         print(f"{case:52s} A {ma:9.0f}/s  B {mb:9.0f}/s  B/A {mb / ma:5.3f}  "
               f"(pairs {' '.join(f'{x:.2f}' for x in pairs)}){p50}")  # fmt: skip
+    per_run: dict[tuple[str, int], float] = {
+        (r["side"], r["round"]): r["cpu_us_per_msg"] for r in rows if r.get("cpu_us_per_msg")
+    }
+    cost = {side: [v for (s, _), v in per_run.items() if s == side] for side in "AB"}
+    if cost["A"] and cost["B"]:
+        ca, cb = (statistics.median(cost[side]) for side in "AB")
+        pairs = [per_run[("B", k)] / per_run[("A", k)] for k in range(args.rounds)
+                 if ("A", k) in per_run and ("B", k) in per_run]  # fmt: skip
+        print(f"CPU per message, whole run: A {ca:.1f} us  B {cb:.1f} us  B/A {cb / ca:5.3f}  "
+              f"(pairs {' '.join(f'{x:.2f}' for x in pairs)})")  # fmt: skip
     print(f"wrote {args.out}")
     return 0
 
