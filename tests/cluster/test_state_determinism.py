@@ -123,7 +123,10 @@ def make_log(seed: int, entries: int) -> list[bytes]:
                 gcfg = {"ordered": rng.random() < 0.5}
             return {"op": "update_group", "topic": t, "group": g, "config": gcfg}
         if r < 0.94:
-            config = {"max_age": rng.choice([None, 2, 30]), "dedup_window": rng.choice([1, 3, 10])}
+            config: dict[str, Any] = {
+                "max_age": rng.choice([None, 2, 30]),
+                "dedup_window": rng.choice([1, 3, 10]),
+            }
             if rng.random() < 0.3:
                 config = {"labels": {f"l{i}": "v" * i for i in range(rng.randint(0, 3))}}
             return {"op": "update_topic", "topic": t, "config": config}
@@ -235,8 +238,8 @@ def test_the_random_log_keeps_the_bookkeeping_consistent_and_exercises_every_pat
     for data in make_log(1, 800):
         apply_entry(b, data)
         check_invariants(b)
-        for t in b.topics.values():
-            for g in t.groups.values():
+        for topic in b.topics.values():
+            for g in topic.groups.values():
                 if g.kq is not None:
                     blocked = max(blocked, sum(len(q) - 1 for q in g.kq.values()))
     totals: dict[str, int] = {}

@@ -30,7 +30,8 @@ def pub(h: Harness, *keyed: tuple[str | None, bytes], **extra: Any) -> list[int]
 
 
 def recv(h: Harness, n: int = 10, consumer: str = "c1", **kw: Any) -> list[dict[str, Any]]:
-    return h.receive("t", "g", consumer=consumer, max=n, **kw)
+    out: list[dict[str, Any]] = h.receive("t", "g", consumer=consumer, max=n, **kw)
+    return out
 
 
 def seqs(ds: list[dict[str, Any]]) -> list[int]:
