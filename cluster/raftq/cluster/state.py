@@ -12,7 +12,9 @@ Per group, a message is in exactly one state:
 - *fresh*: ``seq >= cursor``, not in ``skip``, and (below the group's ``pin``) still retained
   (pending, never delivered; ``fresh`` counts them);
 - *held*: in ``held`` (``seq -> attempts so far``), and then exactly one of in flight
-  (``inflight``), delayed (``delayed``) or ready for redelivery (queued in ``ready``);
+  (``inflight``), delayed (``delayed``) or ready for redelivery (queued in ``ready``; in an
+  ordered group a keyed one is queued only once it is first of its key: see ``kq`` and the
+  "ordered groups" section); ``first`` holds the time of its first delivery;
 - *settled*: everything else (acked, dead-lettered, dropped, or not addressed to this group).
 
 A topic keeps its retained messages in a list indexed by ``seq - first_seq`` plus a parallel list
@@ -1815,6 +1817,8 @@ def _take_ordered(t: Topic, g: Group, n: int, seqs: list[int]) -> None:
         seqs.append(seq)
     g.cursor = cursor
     g.fresh = left
+    if not left:
+        _skip_to_end(t, g)  # (else may_deliver would say yes until the next publish)
 
 
 def _reorder(t: Topic, g: Group) -> None:
