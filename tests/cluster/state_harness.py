@@ -111,7 +111,8 @@ def check_invariants(b: Broker) -> None:
             ready = set(g.held) - set(g.inflight) - set(g.delayed)
             queued = [s for s in g.ready if g.is_ready(s)]
             assert len(queued) == len(set(queued)), (t.name, g.name, "queued twice")
-            assert set(g.first) == {s for s, a in g.held.items() if a}, (t.name, g.name)
+            delivered = {s for s, a in g.held.items() if a}
+            assert set(g.first) == delivered - set(g.inflight), (t.name, g.name)
             if g.kq is None:
                 assert ready <= set(g.ready), (t.name, g.name)
             else:
@@ -130,7 +131,7 @@ def check_invariants(b: Broker) -> None:
                     assert (s in queued) == (not keyed or s in heads), (t.name, g.name, s)
             for s in g.held:
                 assert t.get(s) is not None and (s < g.cursor or s in g.skip)
-            for s, (consumer, _, deadline) in g.inflight.items():
+            for s, (consumer, _, deadline, _) in g.inflight.items():
                 assert s in g.by_consumer[consumer]
                 assert (deadline, t.name, g.name, s) in deadlines
             for s, due in g.delayed.items():

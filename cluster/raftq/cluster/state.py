@@ -122,13 +122,14 @@ class Group:
         self.fresh = 0  # how many messages are fresh
         self.skip: set[int] = set()
         self.held: dict[int, int] = {}
-        # seq -> [consumer, mac, deadline_ms]
+        # seq -> [consumer, mac, deadline_ms, first_received_at_ms]
         self.inflight: dict[int, list[Any]] = {}
         self.delayed: dict[int, int] = {}
         self.ready: deque[int] = deque()
         self.by_consumer: dict[str, dict[int, None]] = {}
         self.counters: dict[str, int] = dict.fromkeys(GROUP_COUNTERS, 0)
-        # seq -> now of its first delivery, while held (first_received_at).
+        # seq -> now of its first delivery (first_received_at), for the held messages that
+        # were delivered and are not in flight (in flight, it is in their inflight entry).
         self.first: dict[int, int] = {}
         # Ordered groups only (else None): ordering key -> its held seqs, sorted; a key is in
         # it only while it has held messages. Only a key's first held seq ever sits in
@@ -676,7 +677,8 @@ class Broker:
         dedup = t.dedup
         window = round(cfg["dedup_window"] * 1000)
         # Validate everything first: a rejected batch stores nothing.
-        staged: list[tuple[bytes, dict[str, str] | None, str | None, int, str | None]] = []
+        staged: list[tuple[Msg, str | None, int]] = []  # (message, idempotency key, delay)
+        keyed = False
         batch_keys: dict[str, int] = {}
         results: list[dict[str, Any]] = []
         add_bytes = 0
@@ -695,10 +697,13 @@ class Broker:
                     limit=max_size,
                     index=i,
                 )
-            hdrs = m.get("headers")
+            key = m.get("key")
+            # The common shapes, {payload} and {payload, key} (the clients'), have nothing
+            # else to look up (this pays for the ordering key's lookup in the others).
+            plain = len(m) == (1 if key is None else 2)
+            hdrs = None if plain else m.get("headers")
             if hdrs is not None:
                 hdrs = v.headers(hdrs)
-            key = m.get("key")
             if key is not None:
                 v.string(key, "key", v.MAX_KEY_LEN)
                 prior = dedup.get(key) if window else None
@@ -709,13 +714,20 @@ class Broker:
                     results.append({"seq": batch_keys[key], "duplicate": True})
                     continue
                 batch_keys[key] = first + len(staged)
-            delay = m.get("delay")
-            delay_ms = 0 if delay is None else v.seconds_ms(delay, "delay", 0, v.MAX_DELAY_S)
-            okey = m.get("ordering_key")
-            if okey is not None:
-                v.ordering_key(okey, f"messages[{i}].ordering_key")
+            if plain:
+                delay_ms = 0
+                msg: Msg = (payload, now, None)
+            else:
+                delay = m.get("delay")
+                delay_ms = 0 if delay is None else v.seconds_ms(delay, "delay", 0, v.MAX_DELAY_S)
+                okey = m.get("ordering_key")
+                if okey is None:
+                    msg = (payload, now, hdrs)
+                else:
+                    msg = (payload, now, hdrs, v.ordering_key(okey, f"messages[{i}].ordering_key"))
+                    keyed = True
             results.append({"seq": first + len(staged), "duplicate": False})
-            staged.append((payload, hdrs, key, delay_ms, okey))
+            staged.append((msg, key, delay_ms))
             add_bytes += size
         max_n, max_b = cfg["max_messages"], cfg["max_bytes"]
         n = len(staged)
@@ -750,14 +762,12 @@ class Broker:
         tmsgs, trefs = t.msgs, t.refs
         n_fresh = n
         keys: list[str] = []
-        for payload, hdrs, key, delay_ms, okey in staged:
+        if keyed:
+            self._keyed = True
+        for msg, key, delay_ms in staged:
             seq = t.next_seq
             t.next_seq = seq + 1
-            if okey is None:
-                tmsgs.append((payload, now, hdrs))
-            else:
-                tmsgs.append((payload, now, hdrs, okey))
-                self._keyed = True
+            tmsgs.append(msg)
             trefs.append(ngroups)
             if key is not None and window:
                 dedup[key] = seq
@@ -772,8 +782,8 @@ class Broker:
                     g.delayed[seq] = due
                     g.skip.add(seq)
                     heapq.heappush(self._delays, (due, t.name, g.name, (seq,)))
-                    if g.kq is not None and okey is not None:
-                        g.kq.setdefault(okey, []).append(seq)  # (the highest seq yet)
+                    if g.kq is not None and len(msg) > 3:
+                        g.kq.setdefault(msg[3], []).append(seq)  # (the highest seq yet)
         if keys:
             heapq.heappush(t.dedup_heap, (now + window, dedup[keys[0]], keys))
             self._dedup_expiry.note(t.name, now + window)
@@ -885,7 +895,8 @@ class Broker:
         if entry is not None:
             self._unbind(t, g, entry[0], seq)
         g.delayed.pop(seq, None)
-        g.first.pop(seq, None)
+        if g.first:
+            g.first.pop(seq, None)
         if g.kq is not None:
             _unqueue(t, g, seq)
 
@@ -956,11 +967,13 @@ class Broker:
         if len(self._deadlines) > self._deadlines_limit:
             self._compact_deadlines()
         first = g.first
+        keyed = self._keyed  # (no message has an ordering key unless one was published)
         for seq in seqs:
             attempt = held[seq] + 1
             held[seq] = attempt
             mac = _mac(token, seq, attempt)
-            inflight[seq] = [consumer, mac, deadline]
+            f = now if attempt == 1 else first.pop(seq)
+            inflight[seq] = [consumer, mac, deadline, f]
             mine[seq] = None
             m = t.get(seq)
             assert m is not None
@@ -972,9 +985,9 @@ class Broker:
                 "headers": dict(m[2]) if m[2] else {},
                 "published_at": m[1],
                 "deadline": deadline,
-                "first_received_at": first.setdefault(seq, now),
+                "first_received_at": f,
             }
-            if len(m) > 3:
+            if keyed and len(m) > 3:
                 d["ordering_key"] = m[3]
             out.append(d)
         g.counters["delivered"] += len(seqs)
@@ -1136,6 +1149,7 @@ class Broker:
             return 1
         entry = g.inflight.pop(seq)
         self._unbind(t, g, entry[0], seq)
+        g.first[seq] = entry[3]
         if delay_ms is None:
             backoff = g.config["backoff"]
             delay_ms = round(backoff[min(attempts, len(backoff)) - 1] * 1000) if backoff else 0
@@ -1528,7 +1542,7 @@ class Broker:
             ]
             if not v5:
                 v5 = "labels" in t.config or any(
-                    g.first or g.kq is not None for g in t.groups.values()
+                    g.inflight or g.first or g.kq is not None for g in t.groups.values()
                 )
             topics.append(
                 [
@@ -1659,8 +1673,9 @@ class Broker:
                 g.pin, g.fresh = pin, fresh
                 g.skip = set(skip)
                 g.held = dict(held)
-                for s, consumer, mac, deadline in inflight:
-                    g.inflight[s] = [consumer, mac, deadline]
+                for s, consumer, mac, deadline, *f in inflight:
+                    # (an older snapshot has no first-receive times: the snapshot's now)
+                    g.inflight[s] = [consumer, mac, deadline, f[0] if f else self.now]
                     g.by_consumer.setdefault(consumer, {})[s] = None
                     self._consumers.setdefault(consumer, {})[(name, gname)] = None
                     self._deadlines.append((deadline, name, gname, (s,)))
