@@ -7,7 +7,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from state_harness import Harness  # type: ignore[import-not-found]
+from state_harness import Harness, check_invariants  # type: ignore[import-not-found]
 
 from raftq.cluster import errors as E
 from raftq.cluster import state
@@ -295,3 +295,41 @@ def test_an_ordered_group_carries_on_identically_after_a_restore(h: Harness) -> 
     assert twin.apply(cmd) == h.b.apply(cmd)
     assert twin.snapshot() == h.b.snapshot()
     assert twin.topics["t"].groups["g"].kq == h.b.topics["t"].groups["g"].kq
+
+
+def _as_v4(snap: bytes) -> bytes:
+    """A v5 snapshot in the layout of v4 (what a node of the previous version writes)."""
+    obj = msgpack.unpackb(snap, strict_map_key=False)
+    assert obj[0] == 5 and not obj[5], "no ordering key used"
+    for row in obj[3]:
+        for grow in row[9]:
+            grow.pop()  # first-receive times of the failed ones
+            grow[7] = [e[:4] for e in grow[7]]  # inflight rows without theirs
+            assert not grow[1].get("ordered")
+    return msgpack.packb([4, *obj[1:5]], use_bin_type=True)
+
+
+def test_a_snapshot_of_the_previous_version_restores_with_first_receive_times(
+    h: Harness,
+) -> None:
+    h.topic("t", dedup_window=0)
+    h.publish("t", b"a", b"b")
+    t0 = h.now
+    a, _ = h.receive()
+    h("nack", receipts=[a["receipt"]])  # a waits to go again, b is in flight
+    h.advance(1)
+    h("tick")
+    snap_now = h.now
+    h.advance(1)
+    old = Broker()
+    old.restore(_as_v4(h.b.snapshot()))
+    check_invariants(old)
+    cmd = {"op": "receive", "topic": "t", "group": "default", "consumer": "c2", "max": 10}
+    [d] = old.apply({**cmd, "now": h.now, "token": b"k" * 16})["deliveries"]
+    assert (d["seq"], d["attempt"]) == (1, 2)
+    assert d["first_received_at"] == snap_now  # the snapshot's now: v4 did not keep t0
+    assert old.topics["t"].groups["default"].inflight[2][3] == snap_now
+    check_invariants(old)
+    # the replica that applied the log knows the real time
+    [d] = h("receive", topic="t", group="default", consumer="c2", max=10)["deliveries"]
+    assert d["first_received_at"] == t0

@@ -14,7 +14,8 @@ Per group, a message is in exactly one state:
 - *held*: in ``held`` (``seq -> attempts so far``), and then exactly one of in flight
   (``inflight``), delayed (``delayed``) or ready for redelivery (queued in ``ready``; in an
   ordered group a keyed one is queued only once it is first of its key: see ``kq`` and the
-  "ordered groups" section); ``first`` holds the time of its first delivery;
+  "ordered groups" section). The time of its first delivery (``first_received_at``) is in
+  its inflight entry while in flight, else in ``first`` (a failed one waiting to go again);
 - *settled*: everything else (acked, dead-lettered, dropped, or not addressed to this group).
 
 A topic keeps its retained messages in a list indexed by ``seq - first_seq`` plus a parallel list
@@ -972,7 +973,7 @@ class Broker:
             attempt = held[seq] + 1
             held[seq] = attempt
             mac = _mac(token, seq, attempt)
-            f = now if attempt == 1 else first.pop(seq)
+            f = now if attempt == 1 else first.pop(seq, now)
             inflight[seq] = [consumer, mac, deadline, f]
             mine[seq] = None
             m = t.get(seq)
@@ -1685,6 +1686,10 @@ class Broker:
                 g.ready = deque(ready)
                 g.counters = dict(zip(GROUP_COUNTERS, gc, strict=True))
                 g.first = dict(fr)
+                if version < 5:  # (no first-receive times: the snapshot's now, as above)
+                    for s, attempts in g.held.items():
+                        if attempts and s not in g.inflight:
+                            g.first[s] = self.now
                 t.groups[gname] = g
             oldest = t.oldest_seq()
             t.pinned = [g for g in t.groups.values() if g.pin > oldest]
