@@ -23,6 +23,7 @@ from raftq.cluster.segstore import (
 )
 from raftq.cluster.storage import DiskFile, OsDisk, StorageCorrupt, StorageError
 
+AT = 1_700_000_000_000
 SEG = 4096  # small segments: rolls, compaction and retirement happen within a few records
 
 
@@ -41,7 +42,7 @@ def _append(s: SegmentStore, key: str, seqs: range) -> dict[int, tuple[int, int]
     out = {}
     for i in seqs:
         payload, headers = _msg(i)
-        out[i] = s.append(key, i, payload, headers)
+        out[i] = s.append(key, i, AT + i, payload, headers)
     return out
 
 
@@ -132,26 +133,26 @@ def test_the_tail_segment_stays_while_empty_and_a_purged_stream_goes_on(tmp_path
     assert [st[2] for st in s.stats("t.1")] == [0]
     s.clear("t.1")
     assert s.stats("t.1") == []
-    loc, n = s.append("t.1", 3, b"again")
+    loc, n = s.append("t.1", 3, AT, b"again")
     assert loc >> 32 == 1, "a purge never reuses a segment number"
     assert s.read("t.1", 3, loc, n) == (b"again", None)
 
 
 def test_a_dropped_key_is_refused_and_bad_keys_too(tmp_path: Path) -> None:
     s = _store(tmp_path)
-    s.append("t.1", 1, b"x")
+    s.append("t.1", 1, AT, b"x")
     s.drop("t.1")
     with pytest.raises(ValueError, match="never reused"):
-        s.append("t.1", 2, b"x")
+        s.append("t.1", 2, AT, b"x")
     for bad in ("", "../x", "a/b", "a~1", "-x"):
         with pytest.raises(ValueError, match="bad stream key"):
-            s.append(bad, 1, b"x")
+            s.append(bad, 1, AT, b"x")
 
 
 def test_a_store_is_unusable_before_it_is_truncated_to_a_snapshot(tmp_path: Path) -> None:
     s = SegmentStore(OsDisk(), str(tmp_path))
     with pytest.raises(RuntimeError, match="truncate_to"):
-        s.append("t.1", 1, b"x")
+        s.append("t.1", 1, AT, b"x")
 
 
 def test_compaction_moves_live_records_and_returns_where_they_went(tmp_path: Path) -> None:
@@ -198,7 +199,7 @@ def test_export_then_import_rebuilds_the_store_on_another_node(tmp_path: Path) -
     for loc, n in list(locs["t.1"].values())[:20]:
         src.free("t.1", loc, n)
     _, marks = src.marks()
-    after = src.append("t.1", 90, b"after the snapshot")  # not part of the transfer
+    after = src.append("t.1", 90, AT, b"after the snapshot")  # not part of the transfer
     dst = _store(tmp_path / "dst")
     _append(dst, "old.3", range(1, 10))  # what the follower had: replaced
     imp = StoreImporter(OsDisk(), str(tmp_path / "incoming"))
@@ -212,7 +213,7 @@ def test_export_then_import_rebuilds_the_store_on_another_node(tmp_path: Path) -
     for key, seqs in locs.items():
         for i, (loc, n) in list(seqs.items())[20 if key == "t.1" else 0 :]:
             assert dst.read(key, i, loc, n) == _msg(i)
-    assert dst.append("t.1", 90, b"after the snapshot") == after, "the follower goes on alike"
+    assert dst.append("t.1", 90, AT, b"after the snapshot") == after, "the follower goes on alike"
 
 
 def test_an_import_refuses_bad_names_and_frames_out_of_order(tmp_path: Path) -> None:
@@ -396,5 +397,64 @@ def test_enospc_is_a_clean_storage_error_and_leaves_no_partial_record_readable(
 
 def test_segment_header_size_is_what_locations_start_at(tmp_path: Path) -> None:
     s = _store(tmp_path)
-    loc, _ = s.append("t.1", 1, b"x")
+    loc, _ = s.append("t.1", 1, AT, b"x")
     assert loc == SEG_HEAD
+
+
+def test_retained_bytes_follow_appends_frees_retirement_and_restore(tmp_path: Path) -> None:
+    s = _store(tmp_path)
+    locs = _append(s, "t.1", range(1, 200))
+    _append(s, "u.2", range(1, 20))
+    total = sum(n for _, n in locs.values())
+
+    def recount() -> tuple[int, int]:
+        stats = [st for k in ("t.1", "u.2") for st in s.stats(k)]
+        return sum(st[3] for st in stats), sum(st[1] for st in stats)
+
+    assert s.retained_bytes() == recount() and s.retained_bytes()[0] > total
+    for loc, n in list(locs.values())[:120]:
+        s.free("t.1", loc, n)
+    assert s.retained_bytes() == recount()
+    s.clear("u.2")
+    assert s.retained_bytes() == recount()
+    _, marks = s.marks()
+    s.truncate_to(marks)
+    assert s.retained_bytes() == recount()
+
+
+def _rows(s: SegmentStore, key: str) -> list[tuple[int, int, int, int, int]]:
+    return [
+        (c.seq[i], segno << 32 | c.offset[i], c.length[i], c.size[i], c.at[i])
+        for segno, c in s.columns(key)
+        for i in range(len(c.seq))
+    ]
+
+
+def test_columns_describe_every_record_from_sidecars_or_a_scan(tmp_path: Path) -> None:
+    s = _store(tmp_path)
+    locs = _append(s, "t.1", range(1, 200))
+    want = [(i, loc, n, len(_msg(i)[0]), AT + i) for i, (loc, n) in locs.items()]
+    assert _rows(s, "t.1") == want
+    _, marks = s.marks()
+    s.sync()
+    sidecars = sorted(p.name for p in tmp_path.glob("*.idx"))
+    assert sidecars == [f"t.1~{n:08d}.idx" for n in range(len(marks[0][2]) - 1)]
+    (tmp_path / sidecars[0]).write_bytes(b"junk")  # a bad sidecar is rebuilt from its segment
+    (tmp_path / sidecars[1]).unlink()  # and a missing one
+    s = _store(tmp_path, marks=marks)
+    assert _rows(s, "t.1") == want
+    assert (tmp_path / sidecars[0]).read_bytes() != b"junk"
+    assert (tmp_path / sidecars[1]).exists()
+    assert _rows(_store(tmp_path, marks=marks), "t.1") == want
+
+
+def test_a_sidecar_describing_another_size_is_not_believed(tmp_path: Path) -> None:
+    s = _store(tmp_path)
+    locs = _append(s, "t.1", range(1, 200))
+    _, marks = s.marks()
+    first = tmp_path / "t.1~00000000.idx"
+    other = tmp_path / "t.1~00000001.idx"
+    first.write_bytes(other.read_bytes())  # intact, but of another segment
+    s = _store(tmp_path, marks=marks)
+    want = [(i, loc, n, len(_msg(i)[0]), AT + i) for i, (loc, n) in locs.items()]
+    assert _rows(s, "t.1") == want

@@ -18,7 +18,14 @@ snapshot's mark is per topic; the cost is one open file per topic being written 
 A segment: ``SEG_MAGIC`` + its segno (``_SEG``), then records::
 
     magic u32 | crc32 u32 (of everything after it) | length u32 (whole record) |
-    seq u64 | headers length u32 | headers (msgpack map, or nothing) | payload
+    seq u64 | published_at ms u64 | headers length u32 | headers (msgpack map, or nothing) |
+    payload
+
+A sealed segment (one appends moved past) gets a sidecar ``<key>~<segno>.idx``: its records'
+seq, offset, length, payload size and publish time as packed columns, so a restore rebuilds
+the in-memory index (``msgindex``) without reading payloads. It is a cache: written without
+fsync, checked (CRC and the segment size it describes), and rebuilt by scanning the segment
+when missing or bad; the segment being appended to is always scanned (at most one segment).
 
 CRC32 (zlib, stdlib C code, the check the journal uses) over the record; a read checks magic,
 length, CRC and seq, so a damaged or misplaced record raises ``StorageCorrupt`` naming the file,
@@ -42,8 +49,10 @@ import errno
 import os
 import re
 import struct
+import sys
 import threading
 import zlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
@@ -60,12 +69,15 @@ SEG_MAGIC = b"RAFTQS1\n"
 _SEG = struct.Struct("<Q")  # segno
 SEG_HEAD = len(SEG_MAGIC) + _SEG.size
 REC_MAGIC = 0x5251_5352  # "RSQR"
-_REC = struct.Struct("<IIIQI")  # magic, crc32(rest), record length, seq, headers length
+_REC = struct.Struct("<IIIQQI")  # magic, crc32(rest), record length, seq, at, headers length
 REC_OVERHEAD = _REC.size
 _CRC_FROM = 8  # the CRC covers the record from its length field on
 MAX_SEGNO = (1 << 21) - 1  # locations stay below 2^53 (msgpack/JSON-safe integers)
 KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _NAME_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,199})~([0-9]{8,})\.seg")
+_IDX_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,199})~([0-9]{8,})\.idx")
+IDX_MAGIC = b"RAFTQI1\n"
+_IDX = struct.Struct("<QQQI")  # segno and size of the segment described, records, crc32
 _FRAME = struct.Struct("<HQI")  # export frame: name length, offset, data length
 COMPLETE = "COMPLETE"  # an import's staging directory holds every file, synced
 
@@ -85,10 +97,71 @@ def seg_name(key: str, segno: int) -> str:
     return f"{key}~{segno:08d}.seg"
 
 
-def encode_record(seq: int, payload: bytes, headers: Mapping[str, str] | None) -> bytes:
+def idx_name(key: str, segno: int) -> str:
+    return f"{key}~{segno:08d}.idx"
+
+
+class Columns:
+    """The records of one segment, in file order: packed columns (the restore input of
+    ``msgindex``)."""
+
+    __slots__ = ("at", "length", "offset", "seq", "size")
+
+    def __init__(self) -> None:
+        self.seq = array("q")
+        self.offset = array("I")
+        self.length = array("I")
+        self.size = array("I")  # payload bytes
+        self.at = array("q")  # published_at ms
+
+    def add(self, rec: bytes | memoryview, offset: int) -> None:
+        _, _, length, seq, at, hlen = _REC.unpack_from(rec)
+        self.seq.append(seq)
+        self.offset.append(offset)
+        self.length.append(length)
+        self.size.append(length - REC_OVERHEAD - hlen)
+        self.at.append(at)
+
+    def _arrays(self) -> tuple[array[int], ...]:
+        return self.seq, self.offset, self.length, self.size, self.at
+
+    def encode(self, segno: int, seg_size: int) -> bytes:
+        cols = b"".join(_le(a).tobytes() for a in self._arrays())
+        head = _IDX.pack(segno, seg_size, len(self.seq), zlib.crc32(cols))
+        return IDX_MAGIC + head + cols
+
+    @classmethod
+    def decode(cls, data: bytes, segno: int, seg_size: int) -> Columns | None:
+        """None unless ``data`` is an intact sidecar of segment ``segno`` at ``seg_size``."""
+        head = len(IDX_MAGIC) + _IDX.size
+        if len(data) < head or not data.startswith(IDX_MAGIC):
+            return None
+        got, size, n, crc = _IDX.unpack_from(data, len(IDX_MAGIC))
+        cols = memoryview(data)[head:]
+        c = cls()
+        if (got, size) != (segno, seg_size) or len(cols) != n * 28 or zlib.crc32(cols) != crc:
+            return None
+        off = 0
+        for a in c._arrays():
+            a.frombytes(cols[off : off + n * a.itemsize])
+            off += n * a.itemsize
+            if sys.byteorder != "little":
+                a.byteswap()
+        return c
+
+
+def _le(a: array[int]) -> array[int]:
+    if sys.byteorder == "little":
+        return a
+    b = array(a.typecode, a)
+    b.byteswap()
+    return b
+
+
+def encode_record(seq: int, at: int, payload: bytes, headers: Mapping[str, str] | None) -> bytes:
     hdr = msgpack.packb(dict(headers)) if headers else b""
     size = REC_OVERHEAD + len(hdr) + len(payload)
-    rest = _REC.pack(REC_MAGIC, 0, size, seq, len(hdr))[_CRC_FROM:]
+    rest = _REC.pack(REC_MAGIC, 0, size, seq, at, len(hdr))[_CRC_FROM:]
     crc = zlib.crc32(payload, zlib.crc32(hdr, zlib.crc32(rest)))
     return struct.pack("<II", REC_MAGIC, crc) + rest + hdr + payload
 
@@ -100,7 +173,7 @@ def decode_record(
     naming ``path`` and ``offset`` when it is not intact (or not ``seq``)."""
     if len(data) < REC_OVERHEAD:
         raise StorageCorrupt(f"{path}: short record at offset {offset} ({len(data)} bytes)")
-    magic, crc, size, got, hlen = _REC.unpack_from(data)
+    magic, crc, size, got, _, hlen = _REC.unpack_from(data)
     if magic != REC_MAGIC or size != len(data) or REC_OVERHEAD + hlen > size:
         raise StorageCorrupt(f"{path}: bad record header at offset {offset}")
     if zlib.crc32(data[_CRC_FROM:]) != crc:
@@ -113,7 +186,18 @@ def decode_record(
 
 
 class _Seg:
-    __slots__ = ("buf", "dirty", "file", "flushed", "live", "live_bytes", "path", "segno", "size")
+    __slots__ = (
+        "buf",
+        "cols",
+        "dirty",
+        "file",
+        "flushed",
+        "live",
+        "live_bytes",
+        "path",
+        "segno",
+        "size",
+    )
 
     def __init__(self, path: str, segno: int, size: int) -> None:
         self.path, self.segno = path, segno
@@ -124,6 +208,7 @@ class _Seg:
         self.live_bytes = 0
         self.file: DiskFile | None = None  # open for writing while it may be dirty
         self.dirty = False  # written since the last sync
+        self.cols: Columns | None = None  # the records so far, while appended to
 
 
 class _Stream:
@@ -161,6 +246,8 @@ class SegmentStore:
         self._dropped: set[str] = set()  # keys never to be used again (in this process)
         self._readers: OrderedDict[str, ReadFile] = OrderedDict()
         self._names_dirty = False  # a segment was created since the last directory sync
+        self._live_bytes = 0  # sum of the segments' live_bytes
+        self._seg_bytes = 0  # sum of the segments' sizes
         self._ready = False
         self._broken: StorageError | None = None
         self._lock = threading.Lock()  # guards the three below (export runs on its thread)
@@ -173,10 +260,16 @@ class SegmentStore:
     # ------------------------------------------------------------ appending and reading
 
     def append(
-        self, key: str, seq: int, payload: bytes, headers: Mapping[str, str] | None = None
+        self,
+        key: str,
+        seq: int,
+        at: int,
+        payload: bytes,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, int]:
-        """Append a record; returns its location and length (what ``read`` needs)."""
-        return self.append_raw(key, encode_record(seq, payload, headers))
+        """Append a record of message ``seq`` published at ``at`` (ms); returns its location
+        and length (what ``read`` needs)."""
+        return self.append_raw(key, encode_record(seq, at, payload, headers))
 
     def append_raw(self, key: str, rec: bytes) -> tuple[int, int]:
         self._check()
@@ -187,10 +280,14 @@ class SegmentStore:
         if seg is None or seg.size >= self.segment_bytes:
             seg = self._roll(st)
         loc = location(seg.segno, seg.size)
+        if seg.cols is not None:
+            seg.cols.add(rec, seg.size)
         seg.buf += rec
         seg.size += len(rec)
         seg.live += 1
         seg.live_bytes += len(rec)
+        self._live_bytes += len(rec)
+        self._seg_bytes += len(rec)
         if len(seg.buf) >= self.flush_bytes:
             self._flush(seg)
         return loc, len(rec)
@@ -243,6 +340,7 @@ class SegmentStore:
         seg = st.segs[loc >> 32]
         seg.live -= 1
         seg.live_bytes -= length
+        self._live_bytes -= length
         if seg.live <= 0 and seg is not st.tail():
             self._retire(st, seg)
 
@@ -267,10 +365,12 @@ class SegmentStore:
             return []
         return [(s.segno, s.size, s.live, s.live_bytes) for s in st.segs.values()]
 
-    def retained_bytes(self) -> int:
-        """Bytes in the segments the state refers to (for a node-wide limit; retired ones not
-        counted: their deletion waits only for the next snapshot)."""
-        return sum(s.size for st in self._streams.values() for s in st.segs.values())
+    def retained_bytes(self) -> tuple[int, int]:
+        """(bytes of the records the state refers to, bytes of the segments holding them):
+        the first is what a node-wide limit counts (deterministic, O(1)); the second is at
+        most twice it plus a segment per stream once compaction keeps up. Retired segments
+        are not counted: their deletion waits only for the next snapshot."""
+        return self._live_bytes, self._seg_bytes
 
     # ------------------------------------------------------------ compaction
 
@@ -299,19 +399,11 @@ class SegmentStore:
             raise ValueError(f"segment {segno} of {key!r} is being appended to")
         self._flush(seg)
         data = self._pread(seg.path, seg.size, 0)
-        if len(data) != seg.size:
-            raise StorageCorrupt(f"{seg.path}: {len(data)} bytes on disk, expected {seg.size}")
         moved: dict[int, int] = {}
-        off = SEG_HEAD
-        while off < seg.size:
-            if off + REC_OVERHEAD > seg.size:
-                raise StorageCorrupt(f"{seg.path}: short record at offset {off}")
-            length = _REC.unpack_from(data, off)[2]
-            rec = data[off : off + length]
+        for off, rec in self._records(seg, data):
             seq = decode_record(rec, seg.path, off)[0]
             if is_live(seq, location(segno, off)):
-                moved[seq] = self.append_raw(key, rec)[0]
-            off += length
+                moved[seq] = self.append_raw(key, bytes(rec))[0]
         if len(moved) != seg.live:  # a bug, not bad luck: stop before anything is lost
             self._broken = StorageError(
                 f"{seg.path}: {len(moved)} live records found, {seg.live} expected:"
@@ -387,6 +479,7 @@ class SegmentStore:
         snapshot was written."""
         self._close_all()
         self._streams, self._dropped, self._broken = {}, set(), None
+        self._live_bytes = self._seg_bytes = 0
         with self._lock:
             self._retired = []
         wanted: dict[str, tuple[int, int, int, int]] = {}
@@ -400,13 +493,23 @@ class SegmentStore:
                 path = os.path.join(self.dir, seg_name(key, segno))
                 seg = st.segs[segno] = _Seg(path, segno, size)
                 seg.live, seg.live_bytes = live, live_bytes
+                self._live_bytes += live_bytes
+                self._seg_bytes += size
                 wanted[seg_name(key, segno)] = (segno, size, live, live_bytes)
         try:
             names = self.disk.listdir(self.dir)
         except OSError as e:
             raise self._fail(self.dir, "listing failed", e) from e
+        sealed = {
+            idx_name(key, segno)
+            for key, next_segno, segs in marks
+            for segno, *_ in segs
+            if segno != next_segno - 1
+        }
         for name in sorted(names):
-            if name not in wanted and (_NAME_RE.fullmatch(name) or name.endswith(".seg.tmp")):
+            if (name not in wanted and _NAME_RE.fullmatch(name)) or (
+                name not in sealed and _IDX_RE.fullmatch(name)
+            ):
                 try:
                     self.disk.remove(os.path.join(self.dir, name))
                 except OSError as e:
@@ -416,6 +519,10 @@ class SegmentStore:
             for seg in st.segs.values():
                 self._cut(seg, present)
         self._ready = True
+        for st in self._streams.values():  # the tails go on collecting their sidecars
+            tail = st.tail()
+            if tail is not None:
+                tail.cols = self._scan(tail)
 
     def _cut(self, seg: _Seg, present: set[str]) -> None:
         name = os.path.basename(seg.path)
@@ -543,16 +650,73 @@ class SegmentStore:
             self._flush(old)
             if old.live <= 0:
                 self._retire(st, old)
+            else:
+                self._write_sidecar(old)
         path = os.path.join(self.dir, seg_name(st.key, segno))
         seg = st.segs[segno] = _Seg(path, segno, 0)
         seg.buf += SEG_MAGIC + _SEG.pack(segno)
         seg.size = SEG_HEAD
+        seg.cols = Columns()
+        self._seg_bytes += SEG_HEAD
         try:
             seg.file = self.disk.create(path)
         except OSError as e:
             raise self._fail(path, "create failed", e) from e
         self._names_dirty = True
         return seg
+
+    def _write_sidecar(self, seg: _Seg) -> None:
+        cols, seg.cols = seg.cols, None
+        if cols is None:
+            return
+        path = seg.path[: -len(".seg")] + ".idx"
+        try:  # no fsync: a cache, checked when read
+            f = self.disk.create(path)
+            try:
+                f.write(cols.encode(seg.segno, seg.size))
+            finally:
+                f.close()
+        except OSError as e:
+            raise self._fail(path, "write failed", e) from e
+
+    def columns(self, key: str) -> Iterator[tuple[int, Columns]]:
+        """(segno, its records' columns) of each segment of a stream, from the sidecars, or
+        by scanning the segment where there is none (or it is bad)."""
+        self._check()
+        st = self._streams.get(key)
+        for seg in list(st.segs.values()) if st is not None else []:
+            if seg.cols is not None:
+                yield seg.segno, seg.cols
+                continue
+            data = self.disk.read(seg.path[: -len(".seg")] + ".idx")
+            cols = Columns.decode(data, seg.segno, seg.size) if data is not None else None
+            if cols is None:  # none yet (an imported segment) or bad: scan, and keep it
+                cols = seg.cols = self._scan(seg)
+                self._write_sidecar(seg)
+            yield seg.segno, cols
+
+    def _scan(self, seg: _Seg) -> Columns:
+        self._flush(seg)
+        data = self._pread(seg.path, seg.size, 0)
+        cols = Columns()
+        for off, rec in self._records(seg, data):
+            decode_record(rec, seg.path, off)
+            cols.add(rec, off)
+        return cols
+
+    def _records(self, seg: _Seg, data: bytes) -> Iterator[tuple[int, memoryview]]:
+        if len(data) != seg.size:
+            raise StorageCorrupt(f"{seg.path}: {len(data)} bytes on disk, expected {seg.size}")
+        view = memoryview(data)
+        off = SEG_HEAD
+        while off < seg.size:
+            if off + REC_OVERHEAD > seg.size:
+                raise StorageCorrupt(f"{seg.path}: short record at offset {off}")
+            length = _REC.unpack_from(data, off)[2]
+            if length < REC_OVERHEAD:
+                raise StorageCorrupt(f"{seg.path}: bad record header at offset {off}")
+            yield off, view[off : off + length]
+            off += length
 
     def _flush(self, seg: _Seg) -> None:
         if not seg.buf:
@@ -569,12 +733,15 @@ class SegmentStore:
 
     def _retire(self, st: _Stream, seg: _Seg) -> None:
         del st.segs[seg.segno]
+        self._live_bytes -= seg.live_bytes
+        self._seg_bytes -= seg.size
         seg.buf = bytearray()
         if seg.file is not None:
             self._close_writer(seg)
         self._forget_reader(seg.path)
         with self._lock:
             self._retired.append((self._epoch, seg.path))
+            self._retired.append((self._epoch, seg.path[: -len(".seg")] + ".idx"))
 
     def _close_writer(self, seg: _Seg) -> None:
         f, seg.file = seg.file, None
