@@ -20,6 +20,7 @@ from raftq.cluster.segstore import (
     StoreImporter,
     files_of,
     seg_name,
+    sync_marked,
 )
 from raftq.cluster.storage import DiskFile, OsDisk, StorageCorrupt, StorageError
 
@@ -458,3 +459,17 @@ def test_a_sidecar_describing_another_size_is_not_believed(tmp_path: Path) -> No
     s = _store(tmp_path, marks=marks)
     want = [(i, loc, n, len(_msg(i)[0]), AT + i) for i, (loc, n) in locs.items()]
     assert _rows(s, "t.1") == want
+
+
+def test_a_snapshot_writer_can_sync_the_marked_segments_by_path(tmp_path: Path) -> None:
+    data, shadow = tmp_path / "store", tmp_path / "shadow"
+    disk = SimDisk(str(shadow))
+    s = _store(data, disk)
+    _append(s, "t.1", range(1, 60))
+    _, marks = s.marks()
+    sync_marked(disk, str(data), marks)  # instead of s.sync(), from "another process"
+    s.close()
+    power_loss(str(shadow), str(data))
+    again = SegmentStore(disk, str(data), segment_bytes=SEG, flush_bytes=512)
+    again.truncate_to(marks)
+    assert [r[0] for r in _rows(again, "t.1")] == list(range(1, 60))
