@@ -473,3 +473,21 @@ def test_a_snapshot_writer_can_sync_the_marked_segments_by_path(tmp_path: Path) 
     again = SegmentStore(disk, str(data), segment_bytes=SEG, flush_bytes=512)
     again.truncate_to(marks)
     assert [r[0] for r in _rows(again, "t.1")] == list(range(1, 60))
+
+
+def test_an_install_cut_short_by_a_crash_is_finished_by_the_next_one(tmp_path: Path) -> None:
+    src = _store(tmp_path / "src")
+    locs = _append(src, "t.1", range(1, 90))
+    _, marks = src.marks()
+    imp = StoreImporter(OsDisk(), str(tmp_path / "incoming"))
+    for chunk in src.export(marks):
+        imp.feed(chunk)
+    names = imp.finish()
+    dst = _store(tmp_path / "dst")
+    (tmp_path / "incoming" / names[0]).rename(tmp_path / "dst" / names[0])  # moved, then crash
+    dst = SegmentStore(OsDisk(), str(tmp_path / "dst"), segment_bytes=SEG, flush_bytes=512)
+    dst.install(str(tmp_path / "incoming"))
+    dst.truncate_to(marks)
+    assert all(dst.read("t.1", i, loc, n) == _msg(i) for i, (loc, n) in locs.items())
+    with pytest.raises(StorageError, match="not complete"):
+        dst.install(str(tmp_path / "incoming"))  # done: the marker is gone

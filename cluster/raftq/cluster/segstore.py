@@ -329,7 +329,7 @@ class SegmentStore:
                 self._readers.move_to_end(path)
             return f.pread(size, offset)
         except OSError as e:
-            raise StorageError(f"{path}: read failed: {e}") from e
+            raise self._fail(path, "read failed", e) from e
 
     # ------------------------------------------------------------ freeing
 
@@ -607,17 +607,23 @@ class SegmentStore:
         call ``truncate_to`` with the marks of the installed (or the restored) snapshot. Safe
         to repeat after a crash: a file of the same name holds the same byte prefix on every
         replica, and the import's is at least as long as a local older snapshot needs."""
-        names = self.disk.listdir(staging)
+        try:
+            names = self.disk.listdir(staging)
+        except OSError as e:
+            raise StorageError(f"{staging}: {e}") from e
         if COMPLETE not in names:
             raise StorageError(f"{staging}: import not complete")
         self._close_all()
-        for name in sorted(names):
-            if _NAME_RE.fullmatch(name):
-                self.disk.rename(os.path.join(staging, name), os.path.join(self.dir, name))
-        if self.fsync:
-            self.disk.sync_dir(self.dir)
-        self.disk.remove(os.path.join(staging, COMPLETE))
         self._ready = False
+        try:
+            for name in sorted(names):
+                if _NAME_RE.fullmatch(name):
+                    self.disk.rename(os.path.join(staging, name), os.path.join(self.dir, name))
+            if self.fsync:
+                self.disk.sync_dir(self.dir)
+            self.disk.remove(os.path.join(staging, COMPLETE))
+        except OSError as e:
+            raise StorageError(f"{staging}: install failed: {e}") from e
 
     # ------------------------------------------------------------ internals
 
