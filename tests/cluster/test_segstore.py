@@ -491,3 +491,94 @@ def test_an_install_cut_short_by_a_crash_is_finished_by_the_next_one(tmp_path: P
     assert all(dst.read("t.1", i, loc, n) == _msg(i) for i, (loc, n) in locs.items())
     with pytest.raises(StorageError, match="not complete"):
         dst.install(str(tmp_path / "incoming"))  # done: the marker is gone
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_appends_frees_compactions_and_power_cuts_match_an_uncut_replica(
+    tmp_path: Path, seed: int
+) -> None:
+    """A replica whose power is cut now and then (restored from its last snapshot, the ops
+    since replayed as the journal would) ends with the same marks and the same files as one
+    that never crashed."""
+    rnd = random.Random(seed)
+    data, shadow = tmp_path / "store", tmp_path / "shadow"
+    disk = SimDisk(str(shadow))
+    ref, s = _store(tmp_path / "ref"), _store(data, disk)
+    live: dict[str, dict[int, tuple[int, int]]] = {"t.1": {}, "u.2": {}}
+    ref_live: dict[str, dict[int, tuple[int, int]]] = {"t.1": {}, "u.2": {}}
+    next_seq = {"t.1": 1, "u.2": 1}
+
+    def apply(store: SegmentStore, model: dict[str, dict[int, tuple[int, int]]], op: Any) -> None:
+        kind, key, arg = op
+        if kind == "append":
+            payload, headers = _msg(arg)
+            model[key][arg] = store.append(key, arg, AT + arg, payload, headers)
+        elif kind == "free":
+            store.free(key, *model[key].pop(arg))
+        else:
+            m = model[key]
+            moved = store.compact(key, arg, lambda q, loc: q in m and m[q][0] == loc)
+            for q, loc in moved.items():
+                m[q] = (loc, m[q][1])
+
+    Model = dict[str, dict[int, tuple[int, int]]]
+    saved: tuple[Marks, Model] = ([], {k: dict(v) for k, v in live.items()})  # last snapshot
+    since: list[Any] = []
+    pending: list[int] = []
+    seen = {"compact": 0, "replayed": 0, "cuts": 0}
+    for _ in range(1500):
+        r = rnd.random()
+        key = rnd.choice(["t.1", "u.2"])
+        if r < 0.52:
+            op: Any = ("append", key, next_seq[key])
+            next_seq[key] += 1
+        elif r < 0.86 and live[key]:
+            fifo = rnd.random() < 0.7  # acks mostly in order: whole segments free up
+            op = ("free", key, min(live[key]) if fifo else rnd.choice(sorted(live[key])))
+        elif r < 0.9 and s.candidates():
+            key, segno = s.candidates()[0]
+            op = ("compact", key, segno)
+            seen["compact"] += 1
+        elif r < 0.93:
+            epoch, marks = s.marks()
+            s.sync()
+            pending.append(epoch)  # committed later: the snapshot file takes a while
+            saved, since = (marks, {k: dict(v) for k, v in live.items()}), []
+            continue
+        elif r < 0.95:  # the file system commits names on its own (ext4: every 5 s)
+            disk.sync_dir(str(data))
+            continue
+        elif r < 0.975:
+            if pending:
+                s.commit(pending.pop(0))
+                ref.commit(ref.marks()[0])
+            continue
+        else:
+            s.close()
+            power_loss(str(shadow), str(data), rnd)
+            s = SegmentStore(disk, str(data), segment_bytes=SEG, flush_bytes=512)
+            s.truncate_to(saved[0])
+            pending = []
+            live = {k: dict(v) for k, v in saved[1].items()}
+            for old in since:
+                apply(s, live, old)
+            seen["cuts"] += 1
+            seen["replayed"] += len(since)
+            continue
+        apply(s, live, op)
+        apply(ref, ref_live, op)
+        since.append(op)
+    _, m1 = s.marks()
+    _, m2 = ref.marks()
+    assert seen["compact"] and seen["cuts"] >= 3 and seen["replayed"] > 50, seen
+    assert m1 == m2 and live == ref_live
+    s.close()
+    ref.close()
+    names = set(files_of(m1))
+    assert {n: b for n, b in _all_files(data).items() if n in names} == {
+        n: b for n, b in _all_files(tmp_path / "ref").items() if n in names
+    }
+    again = _store(data, disk, m1)
+    for key, msgs in live.items():
+        for q, (loc, n) in msgs.items():
+            assert again.read(key, q, loc, n) == _msg(q)
