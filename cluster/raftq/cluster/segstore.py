@@ -166,10 +166,10 @@ def encode_record(seq: int, at: int, payload: bytes, headers: Mapping[str, str] 
     return struct.pack("<II", REC_MAGIC, crc) + rest + hdr + payload
 
 
-def decode_record(
+def check_record(
     data: bytes | memoryview, path: str, offset: int, seq: int | None = None
-) -> tuple[int, bytes, dict[str, str] | None]:
-    """(seq, payload, headers) of the record that ``data`` is exactly; raises StorageCorrupt
+) -> tuple[int, int]:
+    """(seq, headers length) of the record that ``data`` is exactly; raises StorageCorrupt
     naming ``path`` and ``offset`` when it is not intact (or not ``seq``)."""
     if len(data) < REC_OVERHEAD:
         raise StorageCorrupt(f"{path}: short record at offset {offset} ({len(data)} bytes)")
@@ -180,6 +180,15 @@ def decode_record(
         raise StorageCorrupt(f"{path}: checksum mismatch in the record at offset {offset}")
     if seq is not None and got != seq:
         raise StorageCorrupt(f"{path}: record at offset {offset} is seq {got}, not {seq}")
+    return got, hlen
+
+
+def decode_record(
+    data: bytes | memoryview, path: str, offset: int, seq: int | None = None
+) -> tuple[int, bytes, dict[str, str] | None]:
+    """(seq, payload, headers) of the record that ``data`` is exactly; raises StorageCorrupt
+    naming ``path`` and ``offset`` when it is not intact (or not ``seq``)."""
+    got, hlen = check_record(data, path, offset, seq)
     hdr = bytes(data[REC_OVERHEAD : REC_OVERHEAD + hlen])
     headers = msgpack.unpackb(hdr, raw=False) if hlen else None
     return got, bytes(data[REC_OVERHEAD + hlen :]), headers
@@ -401,7 +410,7 @@ class SegmentStore:
         data = self._pread(seg.path, seg.size, 0)
         moved: dict[int, int] = {}
         for off, rec in self._records(seg, data):
-            seq = decode_record(rec, seg.path, off)[0]
+            seq = check_record(rec, seg.path, off)[0]
             if is_live(seq, location(segno, off)):
                 moved[seq] = self.append_raw(key, bytes(rec))[0]
         if len(moved) != seg.live:  # a bug, not bad luck: stop before anything is lost
@@ -706,7 +715,7 @@ class SegmentStore:
         data = self._pread(seg.path, seg.size, 0)
         cols = Columns()
         for off, rec in self._records(seg, data):
-            decode_record(rec, seg.path, off)
+            check_record(rec, seg.path, off)
             cols.add(rec, off)
         return cols
 
