@@ -398,8 +398,9 @@ def test_enospc_is_a_clean_storage_error_and_leaves_no_partial_record_readable(
 
 def test_segment_header_size_is_what_locations_start_at(tmp_path: Path) -> None:
     s = _store(tmp_path)
-    loc, _ = s.append("t.1", 1, AT, b"x")
-    assert loc == SEG_HEAD
+    assert s.watermark("t.1") == (-1, 0)
+    loc, n = s.append("t.1", 1, AT, b"x")
+    assert loc == SEG_HEAD and s.watermark("t.1") == (0, SEG_HEAD + n)
 
 
 def test_retained_bytes_follow_appends_frees_retirement_and_restore(tmp_path: Path) -> None:

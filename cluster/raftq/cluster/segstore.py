@@ -367,6 +367,14 @@ class SegmentStore:
         self._streams.pop(key, None)
         self._dropped.add(key)
 
+    def watermark(self, key: str) -> tuple[int, int]:
+        """(segno, offset) where the stream's next record goes (its append position), or
+        (-1, 0) for a stream without segments; buffered bytes count (``sync`` makes them
+        durable)."""
+        st = self._streams.get(key)
+        tail = st.tail() if st is not None else None
+        return (tail.segno, tail.size) if tail is not None else (-1, 0)
+
     def stats(self, key: str) -> list[tuple[int, int, int, int]]:
         """(segno, size, live records, live bytes) of each segment of a stream."""
         st = self._streams.get(key)
