@@ -102,9 +102,7 @@ def test_freed_segments_are_deleted_only_after_a_later_snapshot_is_durable(
     assert 0 not in [st[0] for st in s.stats("t.1")]
     s.commit(epoch_before)  # a snapshot from before the free still needs it
     assert (tmp_path / first).exists()
-    epoch_after, marks = s.marks()
-    with s.pinned(marks[:0]):
-        pass
+    epoch_after, _ = s.marks()
     s.commit(epoch_after)
     assert not (tmp_path / first).exists()
 
@@ -113,17 +111,18 @@ def test_a_pinned_segment_outlives_its_commit_until_unpinned(tmp_path: Path) -> 
     s = _store(tmp_path)
     locs = _append(s, "t.1", range(1, 60))
     _, marks = s.marks()
-    chunks = s.export(marks, chunk=1000)
-    next(chunks)  # the export has begun: every segment it names is pinned
+    chunks = s.export(marks, chunk=1000)  # pinned at once, before the first frame
     for loc, n in locs.values():
         if loc >> 32 == 0:
             s.free("t.1", loc, n)
     epoch, _ = s.marks()
     s.commit(epoch)
     assert (tmp_path / seg_name("t.1", 0)).exists()
-    rest = list(chunks)
-    assert rest
+    assert len(list(chunks)) > 4
     assert not (tmp_path / seg_name("t.1", 0)).exists()
+    with s.export(s.marks()[1]) as abandoned:  # closed early: unpinned too
+        next(abandoned)
+    assert s._pins == {}
 
 
 def test_the_tail_segment_stays_while_empty_and_a_purged_stream_goes_on(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ durable snapshot may, and a restore from that snapshot replays the journal over 
 deleted by ``commit(epoch)`` once a snapshot taken after its retirement is durable, and not
 while an export pins it. Deletions are never made durable: restore removes what comes back.
 
-Threads: everything runs on the apply thread except ``export``, which reads with file handles
+Threads: everything runs on the apply thread except iterating an ``Export``, which reads with handles
 of its own; pins and retired segments are guarded by a lock. Never called from here: a clock,
 randomness, the state machine.
 """
@@ -54,7 +54,7 @@ import threading
 import zlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import msgpack
@@ -575,49 +575,29 @@ class SegmentStore:
 
     # ------------------------------------------------------------ snapshot transfer
 
-    @contextlib.contextmanager
-    def pinned(self, marks: Marks) -> Iterator[None]:
-        """Keep the segments named in ``marks`` on disk while inside (a transfer reads them)."""
-        paths = [
-            os.path.join(self.dir, seg_name(key, s[0])) for key, _, segs in marks for s in segs
-        ]
+    def pin(self, marks: Marks) -> list[str]:
+        """Keep the segments named in ``marks`` on disk (a transfer reads them) until
+        ``unpin`` of what this returns."""
+        paths = [os.path.join(self.dir, name) for name in files_of(marks)]
         with self._lock:
             for p in paths:
                 self._pins[p] = self._pins.get(p, 0) + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                for p in paths:
-                    n = self._pins.pop(p) - 1
-                    if n:
-                        self._pins[p] = n
-            self._delete_due()
+        return paths
 
-    def export(self, marks: Marks, chunk: int = EXPORT_CHUNK) -> Iterator[bytes]:
+    def unpin(self, paths: list[str]) -> None:
+        with self._lock:
+            for p in paths:
+                n = self._pins.pop(p) - 1
+                if n:
+                    self._pins[p] = n
+        self._delete_due()
+
+    def export(self, marks: Marks, chunk: int = EXPORT_CHUNK) -> Export:
         """The segments ``marks`` names, up to their marked sizes, as frames of at most
-        ``chunk`` data bytes, read from the files (never the whole backlog in memory). Safe on
-        another thread; the segments stay pinned until the iterator ends or is closed."""
-        with self.pinned(marks):
-            for key, _, segs in marks:
-                for segno, size, _, _ in segs:
-                    name = seg_name(key, segno)
-                    path = os.path.join(self.dir, name)
-                    try:
-                        r = self.disk.open_read(path)
-                    except OSError as e:
-                        raise StorageError(f"{path}: export failed: {e}") from e
-                    try:
-                        for off in range(0, size, chunk):
-                            data = r.pread(min(chunk, size - off), off)
-                            if len(data) != min(chunk, size - off):
-                                raise StorageCorrupt(f"{path}: short read at offset {off}")
-                            raw = name.encode()
-                            yield _FRAME.pack(len(raw), off, len(data)) + raw + data
-                    except OSError as e:
-                        raise StorageError(f"{path}: export failed: {e}") from e
-                    finally:
-                        r.close()
+        ``chunk`` data bytes, read from the files (never the whole backlog in memory). Call it
+        where the marks were taken (the apply thread): the segments are pinned at once, until
+        the export is exhausted or closed. Iterating is safe on another thread."""
+        return Export(self, marks, chunk)
 
     def install(self, staging: str) -> None:
         """Move a complete import (``StoreImporter.finish``) into the store directory; then
@@ -793,6 +773,57 @@ class SegmentStore:
                 for seg in st.segs.values():
                     self._flush(seg)
         self._close_all()
+
+
+class Export:
+    """An iterator of export frames holding pins on the segments it reads; ``close()`` (or
+    ``with``) when abandoned early."""
+
+    def __init__(self, store: SegmentStore, marks: Marks, chunk: int) -> None:
+        self._store, self._paths = store, store.pin(marks)
+        self._frames = self._gen(marks, chunk)
+
+    def __iter__(self) -> Export:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self._frames)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Export:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        paths, self._paths = self._paths, []
+        if paths:
+            self._frames.close()
+            self._store.unpin(paths)
+
+    def _gen(self, marks: Marks, chunk: int) -> Generator[bytes, None, None]:
+        disk, directory = self._store.disk, self._store.dir
+        for key, _, segs in marks:
+            for segno, size, _, _ in segs:
+                name = seg_name(key, segno)
+                raw = name.encode()
+                path = os.path.join(directory, name)
+                try:
+                    r = disk.open_read(path)
+                    try:
+                        for off in range(0, size, chunk):
+                            data = r.pread(min(chunk, size - off), off)
+                            if len(data) != min(chunk, size - off):
+                                raise StorageCorrupt(f"{path}: short read at offset {off}")
+                            yield _FRAME.pack(len(raw), off, len(data)) + raw + data
+                    finally:
+                        r.close()
+                except OSError as e:
+                    raise StorageError(f"{path}: export failed: {e}") from e
 
 
 class StoreImporter:
