@@ -85,7 +85,7 @@ def test_a_read_never_returns_another_records_payload(tmp_path: Path) -> None:
         s.read("t.1", 3, loc, n)
     with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg"):
         s.read("t.1", 2, loc, n + 1)  # the wrong length
-    with pytest.raises(StorageCorrupt, match="no such live segment"):
+    with pytest.raises(StorageCorrupt, match="no such segment"):
         s.read("t.1", 2, loc + (5 << 32), n)
 
 
@@ -582,3 +582,15 @@ def test_random_appends_frees_compactions_and_power_cuts_match_an_uncut_replica(
     for key, msgs in live.items():
         for q, (loc, n) in msgs.items():
             assert again.read(key, q, loc, n) == _msg(q)
+
+
+def test_a_retired_segment_stays_readable_until_a_later_snapshot_commits(tmp_path: Path) -> None:
+    """A receive's result is read after its batch is applied; a later command of the same
+    batch (a purge) may have retired the segment by then."""
+    s = _store(tmp_path)
+    locs = _append(s, "t.1", range(1, 5))  # still buffered, in the tail
+    s.clear("t.1")
+    assert all(s.read("t.1", i, loc, n) == _msg(i) for i, (loc, n) in locs.items())
+    s.commit(s.marks()[0])
+    with pytest.raises(StorageCorrupt, match="no such segment"):
+        s.read("t.1", 1, *locs[1])

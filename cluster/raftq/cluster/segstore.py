@@ -35,11 +35,12 @@ Segments leave in two steps. A segment whose records are all freed (or that a co
 emptied, or of a dropped stream) is *retired*: the state no longer refers to it, but the last
 durable snapshot may, and a restore from that snapshot replays the journal over it. It is
 deleted by ``commit(epoch)`` once a snapshot taken after its retirement is durable, and not
-while an export pins it. Deletions are never made durable: restore removes what comes back.
+while an export pins it; until then its records can still be read (a result of the batch that
+retired it). Deletions are never made durable: restore removes what comes back.
 
-Threads: everything runs on the apply thread except iterating an ``Export``, which reads with handles
-of its own; pins and retired segments are guarded by a lock. Never called from here: a clock,
-randomness, the state machine.
+Threads: everything runs on the apply thread except iterating an ``Export``, which reads
+with handles of its own; pins and retired segments are guarded by a lock. Never called from
+here: a clock, randomness, the state machine.
 """
 
 from __future__ import annotations
@@ -261,6 +262,7 @@ class SegmentStore:
         self._broken: StorageError | None = None
         self._lock = threading.Lock()  # guards the three below (export runs on its thread)
         self._retired: list[tuple[int, str]] = []  # (epoch when retired, path)
+        self._gone: dict[str, _Seg] = {}  # retired segments not deleted yet: still readable
         self._pins: dict[str, int] = {}
         self._epoch = 0  # marks() taken so far
         self._committed = 0  # the newest epoch whose snapshot is durable
@@ -312,7 +314,10 @@ class SegmentStore:
         seg = st.segs.get(segno) if st is not None else None
         if seg is None:
             path = os.path.join(self.dir, seg_name(key, segno))
-            raise StorageCorrupt(f"{path}: no such live segment (reading seq {seq})")
+            with self._lock:
+                seg = self._gone.get(path)
+            if seg is None:
+                raise StorageCorrupt(f"{path}: no such segment (reading seq {seq})")
         if off + length > seg.size:
             raise StorageCorrupt(
                 f"{seg.path}: record at offset {off} ends past the segment ({seg.size} bytes)"
@@ -482,8 +487,11 @@ class SegmentStore:
 
     def _delete_due(self) -> None:
         with self._lock:
-            gone = [p for e, p in self._retired if e < self._committed and p not in self._pins]
-            self._retired = [(e, p) for e, p in self._retired if p not in set(gone)]
+            due = {p for e, p in self._retired if e < self._committed and p not in self._pins}
+            self._retired = [(e, p) for e, p in self._retired if p not in due]
+            gone = sorted(due)
+            for p in gone:
+                self._gone.pop(p, None)
         for path in gone:  # a failure only delays the space to the next restore
             with contextlib.suppress(OSError):
                 self.disk.remove(path)
@@ -498,7 +506,7 @@ class SegmentStore:
         self._streams, self._dropped, self._broken = {}, set(), None
         self._live_bytes = self._seg_bytes = 0
         with self._lock:
-            self._retired = []
+            self._retired, self._gone = [], {}
         wanted: dict[str, tuple[int, int, int, int]] = {}
         for key, next_segno, segs in marks:
             if not KEY_RE.fullmatch(key) or key in self._streams:
@@ -738,11 +746,12 @@ class SegmentStore:
         del st.segs[seg.segno]
         self._live_bytes -= seg.live_bytes
         self._seg_bytes -= seg.size
-        seg.buf = bytearray()
+        self._flush(seg)  # readable until deleted: results of this batch may still point here
+        seg.cols = None
         if seg.file is not None:
             self._close_writer(seg)
-        self._forget_reader(seg.path)
         with self._lock:
+            self._gone[seg.path] = seg
             self._retired.append((self._epoch, seg.path))
             self._retired.append((self._epoch, seg.path[: -len(".seg")] + ".idx"))
 
