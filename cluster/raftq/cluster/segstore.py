@@ -458,7 +458,6 @@ class SegmentStore:
         lets the journal drop the entries that wrote them)."""
         self._check()
         for st in self._streams.values():
-            tail = st.tail()
             for seg in st.segs.values():
                 self._flush(seg)
                 if seg.file is not None and seg.dirty:
@@ -468,8 +467,8 @@ class SegmentStore:
                     except OSError as e:
                         raise self._fail(seg.path, "fdatasync failed", e) from e
                     seg.dirty = False
-                if seg is not tail and seg.file is not None:
-                    self._close_writer(seg)
+                if seg.file is not None:  # reopened by the next write: open files stay
+                    self._close_writer(seg)  # bounded by the streams written between syncs
         if self._names_dirty:
             if self.fsync:
                 try:
