@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from raftq.cluster.storage import DiskFile, OsDisk
+from raftq.cluster.storage import DiskFile, OsDisk, ReadFile
 
 
 class SimDisk:
@@ -76,6 +76,9 @@ class SimDisk:
 
     def listdir(self, path: str) -> list[str]:
         return self.real.listdir(path)
+
+    def open_read(self, path: str) -> ReadFile:
+        return self.real.open_read(path)
 
     def open(self, path: str) -> DiskFile:
         path = os.path.abspath(path)

@@ -88,6 +88,11 @@ class DiskFile(Protocol):
     def close(self) -> None: ...
 
 
+class ReadFile(Protocol):
+    def pread(self, size: int, offset: int) -> bytes: ...  # shorter at the end of the file
+    def close(self) -> None: ...
+
+
 class Disk(Protocol):
     def read(self, path: str) -> bytes | None: ...  # None when missing
     def open(self, path: str) -> DiskFile: ...  # for write_at; creates when missing
@@ -124,8 +129,23 @@ class _OsFile:
         os.close(self.fd)
 
 
+class _OsReader:
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return os.pread(self.fd, size, offset)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class OsDisk:
     """The real file system."""
+
+    def open_read(self, path: str) -> ReadFile:
+        """For reads at offsets (the segment store); raises FileNotFoundError when missing."""
+        return _OsReader(path)
 
     def read(self, path: str) -> bytes | None:
         try:

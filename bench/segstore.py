@@ -1,0 +1,196 @@
+"""Micro-benchmark of the payload store and the compact index (issue 22; not a test).
+
+    .venv/bin/python bench/segstore.py [--messages 1000000] [--index-sizes 1000000,10000000]
+                                       [--payload 100] [--dir DIR]
+
+Measures on one core, through the real file system (``OsDisk``):
+
+- append: ``SegmentStore.append`` of --messages x --payload bytes (a header map on every tenth),
+  then one ``sync()`` (fdatasync of every segment); messages/s and MB/s, sync time;
+- read: every message read back in seq order, and 200k at random (page cache warm);
+- compaction: two records in three freed, then every candidate compacted;
+- restore: ``truncate_to`` + ``MsgIndex.restore`` from the sidecars (what a restart does
+  before replaying the journal), and the size of the index's part of a snapshot (``dump()``);
+- memory per message of ``MsgIndex`` at each --index-sizes (``nbytes`` and tracemalloc),
+  against today's ``Topic.msgs`` + ``refs`` (a tuple and list slots per message, payload
+  excluded), and per key of ``DedupKeys`` against today's dict of str keys + heap rows.
+
+Numbers are noisy on a shared machine: run it twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import shutil
+import tempfile
+import time
+import tracemalloc
+import uuid
+
+from raftq.cluster.msgindex import DedupKeys, MsgIndex
+from raftq.cluster.segstore import SegmentStore
+from raftq.cluster.storage import OsDisk
+
+AT = 1_700_000_000_000
+
+
+def bench_store(n: int, payload_size: int, directory: str) -> None:
+    payload = os.urandom(payload_size)
+    hdrs = {"trace": "abc123", "kind": "order"}
+    s = SegmentStore(OsDisk(), directory)
+    s.truncate_to([])
+    ix = MsgIndex()
+    t0 = time.perf_counter()
+    for i in range(1, n + 1):
+        h = hdrs if i % 10 == 0 else None
+        loc, length = s.append("bench.1", i, AT + i, payload, h)
+        ix.append(loc, length, payload_size, AT + i, 1)
+    t1 = time.perf_counter()
+    epoch, marks = s.marks()
+    s.sync()
+    t2 = time.perf_counter()
+    disk = s.retained_bytes()[1]
+    print(
+        f"append  {n:>10,} x {payload_size} B: {n / (t1 - t0):>10,.0f} msg/s"
+        f" {disk / (t1 - t0) / 1e6:7.1f} MB/s; sync {1000 * (t2 - t1):.0f} ms;"
+        f" {disk / 1e6:.1f} MB in {len(marks[0][2])} segments"
+        f" ({(disk - n * payload_size) / n:.1f} B overhead/msg)"
+    )
+    t0 = time.perf_counter()
+    for seq in range(1, n + 1):
+        loc, length, _, _ = ix.get(seq) or (0, 0, 0, 0)
+        s.read("bench.1", seq, loc, length)
+    t1 = time.perf_counter()
+    print(f"read    in seq order:        {n / (t1 - t0):>10,.0f} msg/s")
+    rnd = random.Random(1)
+    picks = [rnd.randrange(1, n + 1) for _ in range(min(n, 200_000))]
+    t0 = time.perf_counter()
+    for seq in picks:
+        loc, length, _, _ = ix.get(seq) or (0, 0, 0, 0)
+        s.read("bench.1", seq, loc, length)
+    t1 = time.perf_counter()
+    print(f"read    at random:           {len(picks) / (t1 - t0):>10,.0f} msg/s")
+
+    for seq in (q for q in range(1, n + 1) if q % 3):  # two in three acked
+        loc, length, _ = ix.remove(seq) or (0, 0, 0)
+        s.free("bench.1", loc, length)
+    t0 = time.perf_counter()
+    moved = 0
+    for key, segno in s.candidates():
+        m = s.compact(key, segno, ix.is_live)
+        ix.relocate(m)
+        moved += len(m)
+    t1 = time.perf_counter()
+    print(
+        f"compact {moved:>10,} live records moved: {moved / max(t1 - t0, 1e-9):>10,.0f} rec/s"
+        f" ({s.retained_bytes()[1] / 1e6:.1f} MB left)"
+    )
+    epoch, marks = s.marks()
+    s.sync()
+    s.commit(epoch)
+    dumped = ix.dump()
+    s.close()
+
+    t0 = time.perf_counter()
+    again = SegmentStore(OsDisk(), directory)
+    again.truncate_to(marks)
+    t1 = time.perf_counter()
+    restored = MsgIndex.restore(dumped, again.columns("bench.1"))
+    t2 = time.perf_counter()
+    assert restored.next_seq == ix.next_seq and restored.get(n) == ix.get(n)
+    print(
+        f"restore truncate_to {1000 * (t1 - t0):.0f} ms; index of {len(restored):,} positions"
+        f" from sidecars {1000 * (t2 - t1):.0f} ms; its snapshot part {len(dumped[2]):,} B"
+    )
+    again.close()
+
+
+def _traced(build: object) -> tuple[object, int]:
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    obj = build() if callable(build) else None
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return obj, used
+
+
+def bench_index(n: int) -> None:
+    def new_index() -> MsgIndex:
+        ix = MsgIndex()
+        for i in range(n):
+            ix.append(i << 7, 132, 100, AT + i // 100, 2)
+        return ix
+
+    ix, used = _traced(new_index)
+    assert isinstance(ix, MsgIndex)
+    print(
+        f"MsgIndex    {n:>11,} messages: {ix.nbytes() / n:5.1f} B/msg (arrays),"
+        f" {used / n:5.1f} B/msg traced"
+    )
+    del ix
+    if n <= 2_000_000:  # today's layout, for comparison (payload bytes shared, not counted)
+
+        def old_layout() -> tuple[list[object], list[int]]:
+            msgs: list[object] = []
+            refs: list[int] = []
+            p = b"x" * 100
+            for i in range(n):
+                msgs.append((p, AT + i // 100, None))
+                refs.append(2)
+            return msgs, refs
+
+        _, used = _traced(old_layout)
+        print(f"  (today: Topic.msgs + refs {used / n:5.1f} B/msg beyond the payload)")
+
+
+def bench_dedup(n: int) -> None:
+    keys = [str(uuid.UUID(int=random.Random(i).getrandbits(128))) for i in range(n)]
+
+    def new() -> DedupKeys:
+        k = DedupKeys()
+        for b in range(0, n, 100):
+            k.add(AT + b, [(keys[i], i + 1) for i in range(b, min(b + 100, n))])
+        return k
+
+    def old() -> tuple[dict[str, int], list[tuple[int, int, list[str]]]]:
+        d: dict[str, int] = {}
+        heap = []
+        for b in range(0, n, 100):
+            batch = keys[b : b + 100]
+            for i, key in enumerate(batch):
+                d[key] = b + i + 1
+            heap.append((AT + b, b + 1, list(batch)))
+        return d, heap
+
+    _, used_new = _traced(new)
+    _, used_old = _traced(old)
+    print(
+        f"DedupKeys   {n:>11,} keys (uuid strings, 100 a publish): {used_new / n:5.1f} B/key;"
+        f" today's dict of str keys + rows {used_old / n:5.1f} B/key + the key strings"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--payload", type=int, default=100)
+    ap.add_argument("--index-sizes", default="1000000,10000000")
+    ap.add_argument("--dedup-keys", type=int, default=1_000_000)
+    ap.add_argument("--dir", default=None, help="where the segments go (default: a temp dir)")
+    args = ap.parse_args()
+    directory = tempfile.mkdtemp(prefix="raftq-segbench-", dir=args.dir)
+    try:
+        bench_store(args.messages, args.payload, directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    for size in args.index_sizes.split(","):
+        bench_index(int(size))
+    bench_dedup(args.dedup_keys)
+
+
+if __name__ == "__main__":
+    main()

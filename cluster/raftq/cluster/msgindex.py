@@ -1,0 +1,363 @@
+"""Compact per-message metadata of a topic, and its idempotency keys (issue 22).
+
+``MsgIndex`` replaces ``Topic.msgs`` / ``Topic.refs`` (a tuple and a list slot per message):
+packed ``array`` columns indexed by ``seq - first_seq``, about 28 bytes a message (location
+and record length in the ``segstore``, payload size, publish time, and ``refs``: how many
+groups have yet to settle it, ``GONE`` once it left the topic). Get by seq is O(1); the gone
+prefix is dropped in amortised O(1) as ``Topic.trim`` does. Not numpy: the columns need only
+append, index, slice and ``count``, and the stdlib ``array`` does those in C.
+
+A snapshot carries only ``refs`` (compressed: runs of equal counts are the common case); a
+restore rebuilds the other columns from the store's ``columns`` (sidecars), which describe
+every record of the live segments.
+
+``DedupKeys`` keeps the idempotency keys of a dedup window as 16-byte blake2b digests (a
+collision among 2^64 keys is as likely as not; a window holds millions at most) in a packed
+open-addressing table (``DigestTable``), with one expiry heap row per publish command, as the
+state machine does today.
+
+Deterministic: nothing here reads a clock, randomness or a file; dicts keep insertion order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import sys
+import zlib
+from array import array
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from raftq.cluster.segstore import Columns
+from raftq.cluster.storage import StorageCorrupt
+
+GONE = -1  # refs of a message that left the topic
+_COMPACT_AT = 1024  # the gone prefix is cut once it is this long and half the columns
+
+
+class MsgIndex:
+    __slots__ = ("at", "first_seq", "head", "length", "loc", "refs", "size")
+
+    def __init__(self, first_seq: int = 1) -> None:
+        self.first_seq = first_seq  # seq of position 0
+        self.head = 0  # positions before it are gone
+        self.loc = array("q")  # segstore location
+        self.length = array("I")  # record length in the store
+        self.size = array("I")  # payload bytes
+        self.at = array("q")  # published_at ms
+        self.refs = array("i")  # groups yet to settle it (from their pin on); GONE: left
+
+    # ------------------------------------------------------------ reading
+
+    @property
+    def next_seq(self) -> int:
+        return self.first_seq + len(self.refs)
+
+    def oldest_seq(self) -> int:
+        return self.first_seq + self.head
+
+    def __len__(self) -> int:
+        """Positions held (gone ones included), from the oldest retained on."""
+        return len(self.refs) - self.head
+
+    def retained(self, seq: int) -> bool:
+        i = seq - self.first_seq
+        return self.head <= i < len(self.refs) and self.refs[i] != GONE
+
+    def get(self, seq: int) -> tuple[int, int, int, int] | None:
+        """(location, record length, payload size, published_at) of a retained message."""
+        i = seq - self.first_seq
+        if i < self.head or i >= len(self.refs) or self.refs[i] == GONE:
+            return None
+        return self.loc[i], self.length[i], self.size[i], self.at[i]
+
+    def is_live(self, seq: int, loc: int) -> bool:
+        """Does the index still point at this record (segstore compaction)?"""
+        i = seq - self.first_seq
+        return self.head <= i < len(self.refs) and self.refs[i] != GONE and self.loc[i] == loc
+
+    def ref(self, seq: int) -> int:
+        return self.refs[seq - self.first_seq]
+
+    # ------------------------------------------------------------ changing
+
+    def append(self, loc: int, length: int, size: int, at: int, refs: int) -> int:
+        """Add the next message; returns its seq."""
+        seq = self.next_seq
+        self.loc.append(loc)
+        self.length.append(length)
+        self.size.append(size)
+        self.at.append(at)
+        self.refs.append(refs)
+        return seq
+
+    def set_ref(self, seq: int, refs: int) -> None:
+        self.refs[seq - self.first_seq] = refs
+
+    def remove(self, seq: int) -> tuple[int, int, int] | None:
+        """Mark a retained message gone; returns (location, record length, payload size) for
+        the store's ``free`` and the topic's byte count, or None when it was not retained.
+        Trims the gone prefix when it was the oldest."""
+        i = seq - self.first_seq
+        if i < self.head or i >= len(self.refs) or self.refs[i] == GONE:
+            return None
+        self.refs[i] = GONE
+        out = self.loc[i], self.length[i], self.size[i]
+        if i == self.head:
+            self.trim()
+        return out
+
+    def trim(self) -> None:
+        """Move the head past gone messages; cut the columns once the gone prefix is long."""
+        refs, h, n = self.refs, self.head, len(self.refs)
+        while h < n and refs[h] == GONE:
+            h += 1
+        self.head = h
+        if h > _COMPACT_AT and h * 2 > n:
+            for col in (self.loc, self.length, self.size, self.at, self.refs):
+                del col[:h]
+            self.first_seq += h
+            self.head = 0
+
+    def relocate(self, moved: dict[int, int]) -> None:
+        """Apply a segstore compaction's ``{seq: new location}``."""
+        first, loc = self.first_seq, self.loc
+        for seq, new in moved.items():
+            loc[seq - first] = new
+
+    def nbytes(self) -> int:
+        """Bytes the columns hold (allocated, not only used)."""
+        cols = (self.loc, self.length, self.size, self.at, self.refs)
+        return sum(c.buffer_info()[1] * c.itemsize for c in cols)
+
+    # ------------------------------------------------------------ snapshot
+
+    def dump(self) -> list[Any]:
+        """[oldest seq, next seq, zlib of the refs column from the oldest on] (little-endian):
+        a long backlog of untouched messages compresses to almost nothing."""
+        refs = self.refs[self.head :]
+        if sys.byteorder != "little":
+            refs.byteswap()
+        return [self.oldest_seq(), self.next_seq, zlib.compress(refs.tobytes(), 1)]
+
+    @classmethod
+    def restore(cls, dumped: list[Any], columns: Iterable[tuple[int, Columns]]) -> MsgIndex:
+        """Rebuild from ``dump()`` and the store's ``columns(key)``. Records outside the
+        retained range (gone messages in a live segment) are skipped. StorageCorrupt when a
+        retained message has no record."""
+        oldest, next_seq, blob = dumped
+        n = next_seq - oldest
+        ix = cls(oldest)
+        ix.refs.frombytes(zlib.decompress(blob))
+        if sys.byteorder != "little":
+            ix.refs.byteswap()
+        if len(ix.refs) != n:
+            raise ValueError(f"refs of {len(ix.refs)} messages for seqs {oldest}..{next_seq}")
+        ix.loc = array("q", [GONE]) * n
+        ix.length = array("I", [0]) * n
+        ix.size = array("I", [0]) * n
+        ix.at = array("q", [0]) * n
+        for segno, c in columns:
+            ix._place(segno, c, oldest, next_seq)
+        if ix.loc.count(GONE) > ix.refs.count(GONE):
+            raise StorageCorrupt(f"messages {oldest}..{next_seq - 1}: some have no record")
+        ix.trim()
+        return ix
+
+    def _place(self, segno: int, c: Columns, oldest: int, next_seq: int) -> None:
+        seqs, k = c.seq, len(c.seq)
+        if not k:
+            return
+        base = segno << 32
+        if seqs[-1] - seqs[0] == k - 1 and seqs == array("q", range(seqs[0], seqs[0] + k)):
+            # consecutive seqs (a segment no compaction wrote into): slices, C speed
+            lo, hi = max(seqs[0], oldest), min(seqs[-1] + 1, next_seq)
+            if lo >= hi:
+                return
+            a, b, j = lo - oldest, hi - oldest, lo - seqs[0]
+            self.loc[a:b] = array("q", [base | o for o in c.offset[j : j + b - a]])
+            self.length[a:b] = c.length[j : j + b - a]
+            self.size[a:b] = c.size[j : j + b - a]
+            self.at[a:b] = c.at[j : j + b - a]
+            return
+        for i in range(k):
+            s = seqs[i]
+            if oldest <= s < next_seq:
+                p = s - oldest
+                self.loc[p] = base | c.offset[i]
+                self.length[p], self.size[p], self.at[p] = c.length[i], c.size[i], c.at[i]
+
+
+def key_digest(key: str) -> bytes:
+    return hashlib.blake2b(key.encode(), digest_size=16).digest()
+
+
+_EMPTY, _TOMB = 0, (1 << 64) - 1  # a slot's seq field: free, deleted; else seq + 1
+_MASK64 = (1 << 64) - 1
+
+
+class DigestTable:
+    """16-byte digest -> seq, linear probing over one ``array('Q')`` (3 words a slot, 37-75 %
+    full): 32-64 B a key where a dict of bytes keys costs ~130. Hand-written because
+    no maintained PyPI package offers a compact fixed-width-key map without numpy.
+    Deterministic: slots depend only on the order of inserts and deletes."""
+
+    __slots__ = ("cap", "slots", "tombs", "used")
+
+    def __init__(self, cap: int = 16) -> None:
+        self.cap = cap  # a power of two
+        self.slots = array("Q", bytes(24 * cap))
+        self.used = 0
+        self.tombs = 0
+
+    def __len__(self) -> int:
+        return self.used
+
+    def _find(self, d: bytes) -> tuple[int, int, int]:
+        """(slot of d or -1, a free slot to insert at, its probe start)."""
+        x = int.from_bytes(d, "little")
+        hi, lo = x >> 64, x & _MASK64
+        t, mask = self.slots, self.cap - 1
+        i, free = lo & mask, -1
+        while True:
+            state = t[3 * i + 2]
+            if state == _EMPTY:
+                return -1, (i if free < 0 else free), hi
+            if state == _TOMB:
+                if free < 0:
+                    free = i
+            elif t[3 * i + 1] == lo and t[3 * i] == hi:
+                return i, free, hi
+            i = (i + 1) & mask
+
+    def get(self, d: bytes) -> int | None:
+        i = self._find(d)[0]
+        return None if i < 0 else self.slots[3 * i + 2] - 1
+
+    def put(self, d: bytes, seq: int) -> None:
+        i, free, hi = self._find(d)
+        if i >= 0:
+            self.slots[3 * i + 2] = seq + 1
+            return
+        t = self.slots
+        if t[3 * free + 2] == _TOMB:
+            self.tombs -= 1
+        t[3 * free] = hi
+        t[3 * free + 1] = int.from_bytes(d, "little") & _MASK64
+        t[3 * free + 2] = seq + 1
+        self.used += 1
+        if 4 * (self.used + self.tombs) > 3 * self.cap:
+            self._resize()
+
+    def pop(self, d: bytes) -> int | None:
+        i = self._find(d)[0]
+        if i < 0:
+            return None
+        seq = self.slots[3 * i + 2] - 1
+        self.slots[3 * i + 2] = _TOMB
+        self.used -= 1
+        self.tombs += 1
+        if self.cap > 16 and 10 * self.used < self.cap:
+            self._resize()
+        return seq
+
+    def _resize(self) -> None:
+        cap = 16
+        while cap < 2 * self.used:  # at most half full after a resize
+            cap *= 2
+        old = self.slots
+        self.cap, self.slots, self.used, self.tombs = cap, array("Q", bytes(24 * cap)), 0, 0
+        for j in range(0, len(old), 3):
+            state = old[j + 2]
+            if state != _EMPTY and state != _TOMB:
+                d = (old[j] << 64 | old[j + 1]).to_bytes(16, "little")
+                self.put(d, state - 1)
+
+    def nbytes(self) -> int:
+        return len(self.slots) * 8
+
+
+class DedupKeys:
+    """Idempotency key digests of a topic within its dedup window -> the seq they published.
+
+    Rows ``(expires_at, first seq, digests)`` expire whole, one per publish command (the
+    digests of a batch joined in one bytes object, 16 B a key)."""
+
+    __slots__ = ("heap", "table")
+
+    def __init__(self) -> None:
+        self.table = DigestTable()
+        self.heap: list[tuple[int, int, bytes]] = []
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def get(self, key: str) -> int | None:
+        return self.table.get(key_digest(key))
+
+    def add(self, expires_at: int, keyed: Iterable[tuple[str, int]]) -> None:
+        """The keys of one publish command, with their seqs (first seq first)."""
+        digests: list[bytes] = []
+        first = 0
+        for key, seq in keyed:
+            d = key_digest(key)
+            self.table.put(d, seq)
+            if not digests:
+                first = seq
+            digests.append(d)
+        if digests:
+            heapq.heappush(self.heap, (expires_at, first, b"".join(digests)))
+
+    def next_expiry(self) -> int | None:
+        return self.heap[0][0] if self.heap else None
+
+    def expire(self, now: int) -> int:
+        """Drop the rows due at ``now``; returns how many keys left."""
+        q, n = self.heap, 0
+        while q and q[0][0] <= now:
+            _, _, blob = heapq.heappop(q)
+            for d in _split(blob):
+                if self.table.pop(d) is not None:
+                    n += 1
+        return n
+
+    def dump(self) -> list[list[Any]]:
+        """Rows in expiry order: [expires_at, digests, seqs (little-endian int64 bytes)]."""
+        out = []
+        for exp, _, blob in sorted(self.heap):
+            seqs = array("q", [self.table.get(d) or 0 for d in _split(blob)])
+            if sys.byteorder != "little":
+                seqs.byteswap()
+            out.append([exp, blob, seqs.tobytes()])
+        return out
+
+    @classmethod
+    def restore(cls, rows: Iterable[list[Any]]) -> DedupKeys:
+        k = cls()
+        for exp, blob, raw in rows:
+            seqs = array("q")
+            seqs.frombytes(raw)
+            if sys.byteorder != "little":
+                seqs.byteswap()
+            ds = list(_split(blob))
+            if len(ds) != len(seqs) or not ds:
+                raise ValueError("dedup row: digests and seqs differ in number")
+            for d, seq in zip(ds, seqs, strict=True):
+                k.table.put(d, seq)
+            k.heap.append((exp, seqs[0], blob))
+        heapq.heapify(k.heap)
+        return k
+
+    @classmethod
+    def from_keys(cls, rows: Iterable[tuple[int, list[str], list[int]]]) -> DedupKeys:
+        """From a v4 snapshot's rows (expires_at, keys, seqs): the upgrade path."""
+        k = cls()
+        for exp, keys, seqs in rows:
+            k.add(exp, zip(keys, seqs, strict=True))
+        return k
+
+
+def _split(blob: bytes) -> Iterator[bytes]:
+    for i in range(0, len(blob), 16):
+        yield blob[i : i + 16]

@@ -1,0 +1,921 @@
+"""Message payloads and headers of one node in append-only segment files (issue 22).
+
+The state machine keeps only compact metadata per message (``msgindex``); the bytes live here.
+Appends happen at apply time and are deterministic: every replica fed the same appends, frees
+and compactions writes the same bytes at the same offsets (no clock, no randomness, a fixed roll
+size), so a location (``segno << 32 | offset``) means the same record on every node, and a file
+of the same name holds the same byte prefix on every node. The Raft journal stays the write-ahead
+log: nothing here is fsynced per append; ``sync()`` makes everything durable before a snapshot
+lets the journal drop the entries that wrote it. Restore cuts the files back to the snapshot's
+``marks`` (``truncate_to``) and the journal replay writes the rest again, byte for byte.
+
+Layout: one flat directory; each *stream* (the Broker's key for one topic incarnation, never
+reused: a topic deleted and created again gets a new key) has its own segments
+``<key>~<segno>.seg``. Per stream, not shared by the node: messages of one topic leave roughly
+in order, so whole segments free up without compaction; deleting a topic deletes its files; a
+snapshot's mark is per topic; the cost is one open file per topic being written (few).
+
+A segment: ``SEG_MAGIC`` + its segno (``_SEG``), then records::
+
+    magic u32 | crc32 u32 (of everything after it) | length u32 (whole record) |
+    seq u64 | published_at ms u64 | headers length u32 | headers (msgpack map, or nothing) |
+    payload
+
+A sealed segment (one appends moved past) gets a sidecar ``<key>~<segno>.idx``: its records'
+seq, offset, length, payload size and publish time as packed columns, so a restore rebuilds
+the in-memory index (``msgindex``) without reading payloads. It is a cache: written without
+fsync, checked (CRC and the segment size it describes), and rebuilt by scanning the segment
+when missing or bad; the segment being appended to is always scanned (at most one segment).
+
+CRC32 (zlib, stdlib C code, the check the journal uses) over the record; a read checks magic,
+length, CRC and seq, so a damaged or misplaced record raises ``StorageCorrupt`` naming the file,
+never a wrong payload.
+
+Segments leave in two steps. A segment whose records are all freed (or that a compaction
+emptied, or of a dropped stream) is *retired*: the state no longer refers to it, but the last
+durable snapshot may, and a restore from that snapshot replays the journal over it. It is
+deleted by ``commit(epoch)`` once a snapshot taken after its retirement is durable, and not
+while an export pins it; until then its records can still be read (a result of the batch that
+retired it). Deletions are never made durable: restore removes what comes back.
+
+Threads: everything runs on the apply thread except iterating an ``Export``, which reads
+with handles of its own; pins and retired segments are guarded by a lock. Never called from
+here: a clock, randomness, the state machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import struct
+import sys
+import threading
+import zlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import msgpack
+
+from raftq.cluster.storage import Disk, DiskFile, ReadFile, StorageCorrupt, StorageError
+
+SEGMENT_BYTES = 8 << 20  # a segment is rolled once it holds this much (+ at most one record)
+FLUSH_BYTES = 256 << 10  # appends are buffered per stream up to this much, then written
+READERS = 64  # open read handles kept (least recently used closed first)
+EXPORT_CHUNK = 1 << 20
+SEG_MAGIC = b"RAFTQS1\n"
+_SEG = struct.Struct("<Q")  # segno
+SEG_HEAD = len(SEG_MAGIC) + _SEG.size
+REC_MAGIC = 0x5251_5352  # "RSQR"
+_REC = struct.Struct("<IIIQQI")  # magic, crc32(rest), record length, seq, at, headers length
+REC_OVERHEAD = _REC.size
+_CRC_FROM = 8  # the CRC covers the record from its length field on
+MAX_SEGNO = (1 << 21) - 1  # locations stay below 2^53 (msgpack/JSON-safe integers)
+KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_NAME_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,199})~([0-9]{8,})\.seg")
+_IDX_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,199})~([0-9]{8,})\.idx")
+IDX_MAGIC = b"RAFTQI1\n"
+_IDX = struct.Struct("<QQQI")  # segno and size of the segment described, records, crc32
+_FRAME = struct.Struct("<HQI")  # export frame: name length, offset, data length
+COMPLETE = "COMPLETE"  # an import's staging directory holds every file, synced
+
+# marks: [[key, next_segno, [[segno, size, live_records, live_bytes], ...]], ...] (msgpack-able)
+Marks = list[list[Any]]
+
+
+class StoreDisk(Disk, Protocol):
+    def open_read(self, path: str) -> ReadFile: ...
+
+
+def location(segno: int, offset: int) -> int:
+    return segno << 32 | offset
+
+
+def seg_name(key: str, segno: int) -> str:
+    return f"{key}~{segno:08d}.seg"
+
+
+def idx_name(key: str, segno: int) -> str:
+    return f"{key}~{segno:08d}.idx"
+
+
+class Columns:
+    """The records of one segment, in file order: packed columns (the restore input of
+    ``msgindex``)."""
+
+    __slots__ = ("at", "length", "offset", "seq", "size")
+
+    def __init__(self) -> None:
+        self.seq = array("q")
+        self.offset = array("I")
+        self.length = array("I")
+        self.size = array("I")  # payload bytes
+        self.at = array("q")  # published_at ms
+
+    def add(self, rec: bytes | memoryview, offset: int) -> None:
+        _, _, length, seq, at, hlen = _REC.unpack_from(rec)
+        self.seq.append(seq)
+        self.offset.append(offset)
+        self.length.append(length)
+        self.size.append(length - REC_OVERHEAD - hlen)
+        self.at.append(at)
+
+    def _arrays(self) -> tuple[array[int], ...]:
+        return self.seq, self.offset, self.length, self.size, self.at
+
+    def encode(self, segno: int, seg_size: int) -> bytes:
+        cols = b"".join(_le(a).tobytes() for a in self._arrays())
+        head = _IDX.pack(segno, seg_size, len(self.seq), zlib.crc32(cols))
+        return IDX_MAGIC + head + cols
+
+    @classmethod
+    def decode(cls, data: bytes, segno: int, seg_size: int) -> Columns | None:
+        """None unless ``data`` is an intact sidecar of segment ``segno`` at ``seg_size``."""
+        head = len(IDX_MAGIC) + _IDX.size
+        if len(data) < head or not data.startswith(IDX_MAGIC):
+            return None
+        got, size, n, crc = _IDX.unpack_from(data, len(IDX_MAGIC))
+        cols = memoryview(data)[head:]
+        c = cls()
+        if (got, size) != (segno, seg_size) or len(cols) != n * 28 or zlib.crc32(cols) != crc:
+            return None
+        off = 0
+        for a in c._arrays():
+            a.frombytes(cols[off : off + n * a.itemsize])
+            off += n * a.itemsize
+            if sys.byteorder != "little":
+                a.byteswap()
+        return c
+
+
+def _le(a: array[int]) -> array[int]:
+    if sys.byteorder == "little":
+        return a
+    b = array(a.typecode, a)
+    b.byteswap()
+    return b
+
+
+def encode_record(seq: int, at: int, payload: bytes, headers: Mapping[str, str] | None) -> bytes:
+    hdr = msgpack.packb(dict(headers)) if headers else b""
+    size = REC_OVERHEAD + len(hdr) + len(payload)
+    rest = _REC.pack(REC_MAGIC, 0, size, seq, at, len(hdr))[_CRC_FROM:]
+    crc = zlib.crc32(payload, zlib.crc32(hdr, zlib.crc32(rest)))
+    return struct.pack("<II", REC_MAGIC, crc) + rest + hdr + payload
+
+
+def check_record(
+    data: bytes | memoryview, path: str, offset: int, seq: int | None = None
+) -> tuple[int, int]:
+    """(seq, headers length) of the record that ``data`` is exactly; raises StorageCorrupt
+    naming ``path`` and ``offset`` when it is not intact (or not ``seq``)."""
+    if len(data) < REC_OVERHEAD:
+        raise StorageCorrupt(f"{path}: short record at offset {offset} ({len(data)} bytes)")
+    magic, crc, size, got, _, hlen = _REC.unpack_from(data)
+    if magic != REC_MAGIC or size != len(data) or REC_OVERHEAD + hlen > size:
+        raise StorageCorrupt(f"{path}: bad record header at offset {offset}")
+    if zlib.crc32(data[_CRC_FROM:]) != crc:
+        raise StorageCorrupt(f"{path}: checksum mismatch in the record at offset {offset}")
+    if seq is not None and got != seq:
+        raise StorageCorrupt(f"{path}: record at offset {offset} is seq {got}, not {seq}")
+    return got, hlen
+
+
+def decode_record(
+    data: bytes | memoryview, path: str, offset: int, seq: int | None = None
+) -> tuple[int, bytes, dict[str, str] | None]:
+    """(seq, payload, headers) of the record that ``data`` is exactly; raises StorageCorrupt
+    naming ``path`` and ``offset`` when it is not intact (or not ``seq``)."""
+    got, hlen = check_record(data, path, offset, seq)
+    hdr = bytes(data[REC_OVERHEAD : REC_OVERHEAD + hlen])
+    headers = msgpack.unpackb(hdr, raw=False) if hlen else None
+    return got, bytes(data[REC_OVERHEAD + hlen :]), headers
+
+
+class _Seg:
+    __slots__ = (
+        "buf",
+        "cols",
+        "dirty",
+        "file",
+        "flushed",
+        "live",
+        "live_bytes",
+        "path",
+        "segno",
+        "size",
+    )
+
+    def __init__(self, path: str, segno: int, size: int) -> None:
+        self.path, self.segno = path, segno
+        self.size = size  # logical end, buffered bytes included
+        self.flushed = size  # bytes [0, flushed) are in the file
+        self.buf = bytearray()  # bytes [flushed, size)
+        self.live = 0  # records the state still refers to
+        self.live_bytes = 0
+        self.file: DiskFile | None = None  # open for writing while it may be dirty
+        self.dirty = False  # written since the last sync
+        self.cols: Columns | None = None  # the records so far, while appended to
+
+
+class _Stream:
+    __slots__ = ("key", "next_segno", "segs")
+
+    def __init__(self, key: str, next_segno: int) -> None:
+        self.key = key
+        self.next_segno = next_segno
+        self.segs: dict[int, _Seg] = {}  # by segno, ascending
+
+    def tail(self) -> _Seg | None:
+        seg = self.segs.get(self.next_segno - 1)
+        return seg
+
+
+class SegmentStore:
+    """Append-only record files per stream; see the module docstring for the rules.
+
+    ``truncate_to(marks)`` must be called once before use (``[]`` on a node without a
+    snapshot). Any I/O failure raises ``StorageError`` naming the file and leaves the store
+    refusing every later call: the node stops, and a restart recovers from the journal.
+    """
+
+    def __init__(
+        self,
+        disk: StoreDisk,
+        directory: str,
+        segment_bytes: int = SEGMENT_BYTES,
+        flush_bytes: int = FLUSH_BYTES,
+        fsync: bool = True,
+    ) -> None:
+        self.disk, self.dir = disk, directory
+        self.segment_bytes, self.flush_bytes, self.fsync = segment_bytes, flush_bytes, fsync
+        self._streams: dict[str, _Stream] = {}
+        self._dropped: set[str] = set()  # keys never to be used again (in this process)
+        self._readers: OrderedDict[str, ReadFile] = OrderedDict()
+        self._names_dirty = False  # a segment was created since the last directory sync
+        self._live_bytes = 0  # sum of the segments' live_bytes
+        self._seg_bytes = 0  # sum of the segments' sizes
+        self._ready = False
+        self._broken: StorageError | None = None
+        self._lock = threading.Lock()  # guards the three below (export runs on its thread)
+        self._retired: list[tuple[int, str]] = []  # (epoch when retired, path)
+        self._gone: dict[str, _Seg] = {}  # retired segments not deleted yet: still readable
+        self._pins: dict[str, int] = {}
+        self._epoch = 0  # marks() taken so far
+        self._committed = 0  # the newest epoch whose snapshot is durable
+        os.makedirs(directory, exist_ok=True)
+
+    # ------------------------------------------------------------ appending and reading
+
+    def append(
+        self,
+        key: str,
+        seq: int,
+        at: int,
+        payload: bytes,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, int]:
+        """Append a record of message ``seq`` published at ``at`` (ms); returns its location
+        and length (what ``read`` needs)."""
+        return self.append_raw(key, encode_record(seq, at, payload, headers))
+
+    def append_raw(self, key: str, rec: bytes) -> tuple[int, int]:
+        self._check()
+        st = self._streams.get(key)
+        if st is None:
+            st = self._new_stream(key)
+        seg = st.tail()
+        if seg is None or seg.size >= self.segment_bytes:
+            seg = self._roll(st)
+        loc = location(seg.segno, seg.size)
+        if seg.cols is not None:
+            seg.cols.add(rec, seg.size)
+        seg.buf += rec
+        seg.size += len(rec)
+        seg.live += 1
+        seg.live_bytes += len(rec)
+        self._live_bytes += len(rec)
+        self._seg_bytes += len(rec)
+        if len(seg.buf) >= self.flush_bytes:
+            self._flush(seg)
+        return loc, len(rec)
+
+    def read(
+        self, key: str, seq: int, loc: int, length: int
+    ) -> tuple[bytes, dict[str, str] | None]:
+        """The payload and headers of record ``seq`` at ``loc``; StorageCorrupt naming the file
+        when it is missing, short or damaged, never another record's payload."""
+        self._check()
+        segno, off = loc >> 32, loc & 0xFFFF_FFFF
+        st = self._streams.get(key)
+        seg = st.segs.get(segno) if st is not None else None
+        if seg is None:
+            path = os.path.join(self.dir, seg_name(key, segno))
+            with self._lock:
+                seg = self._gone.get(path)
+            if seg is None:
+                raise StorageCorrupt(f"{path}: no such segment (reading seq {seq})")
+        if off + length > seg.size:
+            raise StorageCorrupt(
+                f"{seg.path}: record at offset {off} ends past the segment ({seg.size} bytes)"
+            )
+        if off >= seg.flushed:
+            data = bytes(seg.buf[off - seg.flushed : off - seg.flushed + length])
+        else:
+            if off + length > seg.flushed:
+                self._flush(seg)
+            data = self._pread(seg.path, length, off)
+        _, payload, headers = decode_record(data, seg.path, off, seq)
+        return payload, headers
+
+    def _pread(self, path: str, size: int, offset: int) -> bytes:
+        f = self._readers.get(path)
+        try:
+            if f is None:
+                f = self.disk.open_read(path)
+                self._readers[path] = f
+                if len(self._readers) > READERS:
+                    self._readers.popitem(last=False)[1].close()
+            else:
+                self._readers.move_to_end(path)
+            return f.pread(size, offset)
+        except OSError as e:
+            raise self._fail(path, "read failed", e) from e
+
+    # ------------------------------------------------------------ freeing
+
+    def free(self, key: str, loc: int, length: int) -> None:
+        """The state no longer refers to this record (acked by every group, dropped, moved).
+        A segment other than the one being appended to is retired when its last one goes."""
+        st = self._streams[key]
+        seg = st.segs[loc >> 32]
+        seg.live -= 1
+        seg.live_bytes -= length
+        self._live_bytes -= length
+        if seg.live <= 0 and seg is not st.tail():
+            self._retire(st, seg)
+
+    def clear(self, key: str) -> None:
+        """Retire every segment of a stream, which goes on (a purge of the topic)."""
+        st = self._streams.get(key)
+        if st is not None:
+            for seg in list(st.segs.values()):
+                self._retire(st, seg)
+
+    def drop(self, key: str) -> None:
+        """Retire every segment of a stream and forget it (the topic is deleted); the key
+        must never be appended to again."""
+        self.clear(key)
+        self._streams.pop(key, None)
+        self._dropped.add(key)
+
+    def watermark(self, key: str) -> tuple[int, int]:
+        """(segno, offset) where the stream's next record goes (its append position), or
+        (-1, 0) for a stream without segments; buffered bytes count (``sync`` makes them
+        durable)."""
+        st = self._streams.get(key)
+        tail = st.tail() if st is not None else None
+        return (tail.segno, tail.size) if tail is not None else (-1, 0)
+
+    def stats(self, key: str) -> list[tuple[int, int, int, int]]:
+        """(segno, size, live records, live bytes) of each segment of a stream."""
+        st = self._streams.get(key)
+        if st is None:
+            return []
+        return [(s.segno, s.size, s.live, s.live_bytes) for s in st.segs.values()]
+
+    def retained_bytes(self) -> tuple[int, int]:
+        """(bytes of the records the state refers to, bytes of the segments holding them):
+        the first is what a node-wide limit counts (deterministic, O(1)); the second is at
+        most twice it plus a segment per stream once compaction keeps up. Retired segments
+        are not counted: their deletion waits only for the next snapshot."""
+        return self._live_bytes, self._seg_bytes
+
+    # ------------------------------------------------------------ compaction
+
+    def candidates(self, min_dead: float = 0.5) -> list[tuple[str, int]]:
+        """(key, segno) of segments, other than streams' tails, whose dead bytes are at least
+        ``min_dead`` of their records' bytes: what a compaction would shrink. Deterministic
+        order (streams in creation order, segments ascending)."""
+        out = []
+        for st in self._streams.values():
+            tail = st.tail()
+            for seg in st.segs.values():
+                total = seg.size - SEG_HEAD
+                if seg is not tail and total and total - seg.live_bytes >= min_dead * total:
+                    out.append((st.key, seg.segno))
+        return out
+
+    def compact(self, key: str, segno: int, is_live: Callable[[int, int], bool]) -> dict[int, int]:
+        """Copy the live records of a segment (``is_live(seq, loc)``: the caller's index still
+        points there) to the stream's tail, retire the segment, and return ``{seq: new
+        location}`` for the caller's index (record lengths do not change). Deterministic: the
+        same files and index give the same result on every replica."""
+        self._check()
+        st = self._streams[key]
+        seg = st.segs[segno]
+        if seg is st.tail():
+            raise ValueError(f"segment {segno} of {key!r} is being appended to")
+        self._flush(seg)
+        data = self._pread(seg.path, seg.size, 0)
+        moved: dict[int, int] = {}
+        for off, rec in self._records(seg, data):
+            seq = check_record(rec, seg.path, off)[0]
+            if is_live(seq, location(segno, off)):
+                moved[seq] = self.append_raw(key, bytes(rec))[0]
+        if len(moved) != seg.live:  # a bug, not bad luck: stop before anything is lost
+            self._broken = StorageError(
+                f"{seg.path}: {len(moved)} live records found, {seg.live} expected:"
+                " the index and the store disagree"
+            )
+            raise self._broken
+        self._retire(st, seg)
+        return moved
+
+    # ------------------------------------------------------------ durability and restore
+
+    def marks(self) -> tuple[int, Marks]:
+        """What a snapshot of the current state needs: per stream its next segment number and
+        each live segment's (segno, size, live records, live bytes). Writes the buffers (so an
+        export can read everything up to the marks) and returns the epoch to ``commit``."""
+        self._check()
+        out: Marks = []
+        for st in self._streams.values():
+            segs = []
+            for seg in st.segs.values():
+                self._flush(seg)
+                segs.append([seg.segno, seg.size, seg.live, seg.live_bytes])
+            out.append([st.key, st.next_segno, segs])
+        with self._lock:
+            self._epoch += 1
+            return self._epoch, out
+
+    def sync(self) -> None:
+        """Make every appended byte and every new segment name durable (before a snapshot
+        lets the journal drop the entries that wrote them)."""
+        self._check()
+        for st in self._streams.values():
+            for seg in st.segs.values():
+                self._flush(seg)
+                if seg.file is not None and seg.dirty:
+                    try:
+                        if self.fsync:
+                            seg.file.sync()
+                    except OSError as e:
+                        raise self._fail(seg.path, "fdatasync failed", e) from e
+                    seg.dirty = False
+                if seg.file is not None:  # reopened by the next write: open files stay
+                    self._close_writer(seg)  # bounded by the streams written between syncs
+        if self._names_dirty:
+            if self.fsync:
+                try:
+                    self.disk.sync_dir(self.dir)
+                except OSError as e:
+                    raise self._fail(self.dir, "directory fsync failed", e) from e
+            self._names_dirty = False
+
+    def commit(self, epoch: int) -> None:
+        """The snapshot of ``marks()`` epoch ``epoch`` is durable: delete the segments retired
+        before it, except pinned ones (deleted when unpinned)."""
+        with self._lock:
+            self._committed = max(self._committed, epoch)
+        self._delete_due()
+
+    def _delete_due(self) -> None:
+        with self._lock:
+            due = {p for e, p in self._retired if e < self._committed and p not in self._pins}
+            self._retired = [(e, p) for e, p in self._retired if p not in due]
+            gone = sorted(due)
+            for p in gone:
+                self._gone.pop(p, None)
+        for path in gone:  # a failure only delays the space to the next restore
+            with contextlib.suppress(OSError):
+                self.disk.remove(path)
+
+    def truncate_to(self, marks: Marks) -> None:
+        """Make the files exactly what ``marks`` describe (restore from a snapshot, or ``[]``
+        for none): segments not named are removed, the named ones cut to their size (a torn
+        or not yet replayed tail). A named segment missing, shorter than its mark or with a
+        bad header raises StorageCorrupt naming it: those bytes were synced before the
+        snapshot was written."""
+        self._close_all()
+        self._streams, self._dropped, self._broken = {}, set(), None
+        self._live_bytes = self._seg_bytes = 0
+        with self._lock:
+            self._retired, self._gone = [], {}
+        wanted: dict[str, tuple[int, int, int, int]] = {}
+        for key, next_segno, segs in marks:
+            if not KEY_RE.fullmatch(key) or key in self._streams:
+                raise ValueError(f"bad or repeated stream key in marks: {key!r}")
+            st = self._streams[key] = _Stream(key, next_segno)
+            for segno, size, live, live_bytes in segs:
+                if not 0 <= segno < next_segno or size < SEG_HEAD:
+                    raise ValueError(f"bad segment in marks: {key!r} {segno} {size}")
+                path = os.path.join(self.dir, seg_name(key, segno))
+                seg = st.segs[segno] = _Seg(path, segno, size)
+                seg.live, seg.live_bytes = live, live_bytes
+                self._live_bytes += live_bytes
+                self._seg_bytes += size
+                wanted[seg_name(key, segno)] = (segno, size, live, live_bytes)
+        try:
+            names = self.disk.listdir(self.dir)
+        except OSError as e:
+            raise self._fail(self.dir, "listing failed", e) from e
+        sealed = {
+            idx_name(key, segno)
+            for key, next_segno, segs in marks
+            for segno, *_ in segs
+            if segno != next_segno - 1
+        }
+        for name in sorted(names):
+            if (name not in wanted and _NAME_RE.fullmatch(name)) or (
+                name not in sealed and _IDX_RE.fullmatch(name)
+            ):
+                try:
+                    self.disk.remove(os.path.join(self.dir, name))
+                except OSError as e:
+                    raise self._fail(os.path.join(self.dir, name), "remove failed", e) from e
+        present = set(names)
+        for st in self._streams.values():
+            for seg in st.segs.values():
+                self._cut(seg, present)
+        self._ready = True
+        for st in self._streams.values():  # the tails go on collecting their sidecars
+            tail = st.tail()
+            if tail is not None:
+                tail.cols = self._scan(tail)
+
+    def _cut(self, seg: _Seg, present: set[str]) -> None:
+        name = os.path.basename(seg.path)
+        if name not in present:
+            raise StorageCorrupt(f"{seg.path}: missing; the snapshot needs {seg.size} bytes")
+        try:
+            r = self.disk.open_read(seg.path)
+            try:
+                head = r.pread(SEG_HEAD, 0)
+                past = r.pread(1, seg.size)
+                whole = len(r.pread(1, seg.size - 1)) == 1
+            finally:
+                r.close()
+        except OSError as e:
+            raise self._fail(seg.path, "read failed", e) from e
+        if not whole:
+            raise StorageCorrupt(
+                f"{seg.path}: shorter than the {seg.size} bytes the snapshot needs"
+            )
+        if head != SEG_MAGIC + _SEG.pack(seg.segno):
+            raise StorageCorrupt(f"{seg.path}: bad segment header")
+        if past:
+            try:
+                f = self.disk.open(seg.path)
+                try:
+                    f.truncate(seg.size)
+                    if self.fsync:
+                        f.sync()
+                finally:
+                    f.close()
+            except OSError as e:
+                raise self._fail(seg.path, "truncate failed", e) from e
+
+    # ------------------------------------------------------------ snapshot transfer
+
+    def pin(self, marks: Marks) -> list[str]:
+        """Keep the segments named in ``marks`` on disk (a transfer reads them) until
+        ``unpin`` of what this returns."""
+        paths = [os.path.join(self.dir, name) for name in files_of(marks)]
+        with self._lock:
+            for p in paths:
+                self._pins[p] = self._pins.get(p, 0) + 1
+        return paths
+
+    def unpin(self, paths: list[str]) -> None:
+        with self._lock:
+            for p in paths:
+                n = self._pins.pop(p) - 1
+                if n:
+                    self._pins[p] = n
+        self._delete_due()
+
+    def export(self, marks: Marks, chunk: int = EXPORT_CHUNK) -> Export:
+        """The segments ``marks`` names, up to their marked sizes, as frames of at most
+        ``chunk`` data bytes, read from the files (never the whole backlog in memory). Call it
+        where the marks were taken (the apply thread): the segments are pinned at once, until
+        the export is exhausted or closed. Iterating is safe on another thread."""
+        return Export(self, marks, chunk)
+
+    def install(self, staging: str) -> None:
+        """Move a complete import (``StoreImporter.finish``) into the store directory; then
+        call ``truncate_to`` with the marks of the installed (or the restored) snapshot. Safe
+        to repeat after a crash: a file of the same name holds the same byte prefix on every
+        replica, and the import's is at least as long as a local older snapshot needs."""
+        try:
+            names = self.disk.listdir(staging)
+        except OSError as e:
+            raise StorageError(f"{staging}: {e}") from e
+        if COMPLETE not in names:
+            raise StorageError(f"{staging}: import not complete")
+        self._close_all()
+        self._ready = False
+        try:
+            for name in sorted(names):
+                if _NAME_RE.fullmatch(name):
+                    self.disk.rename(os.path.join(staging, name), os.path.join(self.dir, name))
+            if self.fsync:
+                self.disk.sync_dir(self.dir)
+            self.disk.remove(os.path.join(staging, COMPLETE))
+        except OSError as e:
+            raise StorageError(f"{staging}: install failed: {e}") from e
+
+    # ------------------------------------------------------------ internals
+
+    def _check(self) -> None:
+        if self._broken is not None:
+            raise self._broken
+        if not self._ready:
+            raise RuntimeError("SegmentStore used before truncate_to()")
+
+    def _fail(self, path: str, what: str, e: OSError) -> StorageError:
+        full = "disk full (ENOSPC)" if e.errno == errno.ENOSPC else str(e)
+        self._broken = StorageError(f"{path}: {what}: {full}")
+        return self._broken
+
+    def _new_stream(self, key: str) -> _Stream:
+        if not KEY_RE.fullmatch(key):
+            raise ValueError(f"bad stream key {key!r}")
+        if key in self._dropped:
+            raise ValueError(f"stream {key!r} was dropped; keys are never reused")
+        st = self._streams[key] = _Stream(key, 0)
+        return st
+
+    def _roll(self, st: _Stream) -> _Seg:
+        old = st.tail()
+        segno = st.next_segno
+        if segno > MAX_SEGNO:
+            raise StorageError(f"stream {st.key!r}: out of segment numbers")
+        st.next_segno += 1
+        if old is not None:
+            self._flush(old)
+            if old.live <= 0:
+                self._retire(st, old)
+            else:
+                self._write_sidecar(old)
+        path = os.path.join(self.dir, seg_name(st.key, segno))
+        seg = st.segs[segno] = _Seg(path, segno, 0)
+        seg.buf += SEG_MAGIC + _SEG.pack(segno)
+        seg.size = SEG_HEAD
+        seg.cols = Columns()
+        self._seg_bytes += SEG_HEAD
+        try:
+            seg.file = self.disk.create(path)
+        except OSError as e:
+            raise self._fail(path, "create failed", e) from e
+        self._names_dirty = True
+        return seg
+
+    def _write_sidecar(self, seg: _Seg) -> None:
+        cols, seg.cols = seg.cols, None
+        if cols is None:
+            return
+        path = seg.path[: -len(".seg")] + ".idx"
+        try:  # no fsync: a cache, checked when read
+            f = self.disk.create(path)
+            try:
+                f.write(cols.encode(seg.segno, seg.size))
+            finally:
+                f.close()
+        except OSError as e:
+            raise self._fail(path, "write failed", e) from e
+
+    def columns(self, key: str) -> Iterator[tuple[int, Columns]]:
+        """(segno, its records' columns) of each segment of a stream, from the sidecars, or
+        by scanning the segment where there is none (or it is bad)."""
+        self._check()
+        st = self._streams.get(key)
+        for seg in list(st.segs.values()) if st is not None else []:
+            if seg.cols is not None:
+                yield seg.segno, seg.cols
+                continue
+            data = self.disk.read(seg.path[: -len(".seg")] + ".idx")
+            cols = Columns.decode(data, seg.segno, seg.size) if data is not None else None
+            if cols is None:  # none yet (an imported segment) or bad: scan, and keep it
+                cols = seg.cols = self._scan(seg)
+                self._write_sidecar(seg)
+            yield seg.segno, cols
+
+    def _scan(self, seg: _Seg) -> Columns:
+        self._flush(seg)
+        data = self._pread(seg.path, seg.size, 0)
+        cols = Columns()
+        for off, rec in self._records(seg, data):
+            check_record(rec, seg.path, off)
+            cols.add(rec, off)
+        return cols
+
+    def _records(self, seg: _Seg, data: bytes) -> Iterator[tuple[int, memoryview]]:
+        if len(data) != seg.size:
+            raise StorageCorrupt(f"{seg.path}: {len(data)} bytes on disk, expected {seg.size}")
+        view = memoryview(data)
+        off = SEG_HEAD
+        while off < seg.size:
+            if off + REC_OVERHEAD > seg.size:
+                raise StorageCorrupt(f"{seg.path}: short record at offset {off}")
+            length = _REC.unpack_from(data, off)[2]
+            if length < REC_OVERHEAD:
+                raise StorageCorrupt(f"{seg.path}: bad record header at offset {off}")
+            yield off, view[off : off + length]
+            off += length
+
+    def _flush(self, seg: _Seg) -> None:
+        if not seg.buf:
+            return
+        try:
+            if seg.file is None:
+                seg.file = self.disk.open(seg.path)
+            seg.file.write_at(seg.flushed, bytes(seg.buf))
+        except OSError as e:
+            raise self._fail(seg.path, "write failed", e) from e
+        seg.flushed = seg.size
+        seg.buf = bytearray()
+        seg.dirty = True
+
+    def _retire(self, st: _Stream, seg: _Seg) -> None:
+        del st.segs[seg.segno]
+        self._live_bytes -= seg.live_bytes
+        self._seg_bytes -= seg.size
+        self._flush(seg)  # readable until deleted: results of this batch may still point here
+        seg.cols = None
+        if seg.file is not None:
+            self._close_writer(seg)
+        with self._lock:
+            self._gone[seg.path] = seg
+            self._retired.append((self._epoch, seg.path))
+            self._retired.append((self._epoch, seg.path[: -len(".seg")] + ".idx"))
+
+    def _close_writer(self, seg: _Seg) -> None:
+        f, seg.file = seg.file, None
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
+
+    def _forget_reader(self, path: str) -> None:
+        r = self._readers.pop(path, None)
+        if r is not None:
+            with contextlib.suppress(OSError):
+                r.close()
+
+    def _close_all(self) -> None:
+        for st in self._streams.values():
+            for seg in st.segs.values():
+                self._close_writer(seg)
+        for path in list(self._readers):
+            self._forget_reader(path)
+
+    def close(self) -> None:
+        """Write the buffers (not synced: the journal replays what a power loss drops) and
+        close every file."""
+        if self._broken is None and self._ready:
+            for st in self._streams.values():
+                for seg in st.segs.values():
+                    self._flush(seg)
+        self._close_all()
+
+
+class Export:
+    """An iterator of export frames holding pins on the segments it reads; ``close()`` (or
+    ``with``) when abandoned early."""
+
+    def __init__(self, store: SegmentStore, marks: Marks, chunk: int) -> None:
+        self._store, self._paths = store, store.pin(marks)
+        self._frames = self._gen(marks, chunk)
+
+    def __iter__(self) -> Export:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self._frames)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Export:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        paths, self._paths = self._paths, []
+        if paths:
+            self._frames.close()
+            self._store.unpin(paths)
+
+    def _gen(self, marks: Marks, chunk: int) -> Generator[bytes, None, None]:
+        disk, directory = self._store.disk, self._store.dir
+        for key, _, segs in marks:
+            for segno, size, _, _ in segs:
+                name = seg_name(key, segno)
+                raw = name.encode()
+                path = os.path.join(directory, name)
+                try:
+                    r = disk.open_read(path)
+                    try:
+                        for off in range(0, size, chunk):
+                            data = r.pread(min(chunk, size - off), off)
+                            if len(data) != min(chunk, size - off):
+                                raise StorageCorrupt(f"{path}: short read at offset {off}")
+                            yield _FRAME.pack(len(raw), off, len(data)) + raw + data
+                    finally:
+                        r.close()
+                except OSError as e:
+                    raise StorageError(f"{path}: export failed: {e}") from e
+
+
+class StoreImporter:
+    """Writes the frames of an ``export`` into ``staging`` (a directory of its own), file by
+    file, in order; ``finish`` syncs them and marks the import complete for
+    ``SegmentStore.install``."""
+
+    def __init__(self, disk: StoreDisk, staging: str, fsync: bool = True) -> None:
+        self.disk, self.dir, self.fsync = disk, staging, fsync
+        os.makedirs(staging, exist_ok=True)
+        for name in disk.listdir(staging):  # a previous attempt's leftovers
+            disk.remove(os.path.join(staging, name))
+        self._files: dict[str, tuple[DiskFile, int]] = {}
+
+    def feed(self, chunk: bytes) -> None:
+        view = memoryview(chunk)
+        while view:
+            if len(view) < _FRAME.size:
+                raise StorageError(f"{self.dir}: truncated export frame")
+            nlen, off, dlen = _FRAME.unpack_from(view)
+            end = _FRAME.size + nlen + dlen
+            if len(view) < end:
+                raise StorageError(f"{self.dir}: truncated export frame")
+            name = bytes(view[_FRAME.size : _FRAME.size + nlen]).decode("ascii", "replace")
+            if not _NAME_RE.fullmatch(name):
+                raise StorageError(f"{self.dir}: bad segment name in export: {name!r}")
+            path = os.path.join(self.dir, name)
+            f, size = self._files.get(name) or (None, 0)
+            if off != size:
+                raise StorageError(f"{path}: export frame at {off}, expected {size}")
+            try:
+                if f is None:
+                    f = self.disk.create(path)
+                f.write(view[_FRAME.size + nlen : end])
+            except OSError as e:
+                raise StorageError(f"{path}: import write failed: {e}") from e
+            self._files[name] = (f, size + dlen)
+            view = view[end:]
+
+    def finish(self) -> list[str]:
+        """Sync every file and the directory, then mark the import complete."""
+        for name, (f, _) in self._files.items():
+            path = os.path.join(self.dir, name)
+            try:
+                if self.fsync:
+                    f.sync()
+                f.close()
+            except OSError as e:
+                raise StorageError(f"{path}: import sync failed: {e}") from e
+        marker = self.disk.create(os.path.join(self.dir, COMPLETE))
+        marker.close()
+        if self.fsync:
+            self.disk.sync_dir(self.dir)
+        return sorted(self._files)
+
+    def abort(self) -> None:
+        for f, _ in self._files.values():
+            with contextlib.suppress(OSError):
+                f.close()
+        for name in self.disk.listdir(self.dir):
+            with contextlib.suppress(OSError):
+                self.disk.remove(os.path.join(self.dir, name))
+
+
+def files_of(marks: Sequence[Sequence[Any]]) -> list[str]:
+    """The segment file names a snapshot's marks refer to."""
+    return [seg_name(key, s[0]) for key, _, segs in marks for s in segs]
+
+
+def sync_marked(disk: StoreDisk, directory: str, marks: Marks) -> None:
+    """fdatasync every segment ``marks`` names, then the directory, by path: for a snapshot
+    writer in another process (a forked one), so the apply thread does not wait for the disk.
+    Syncing a file through any descriptor flushes all of its written pages."""
+    for name in files_of(marks):
+        path = os.path.join(directory, name)
+        try:
+            f = disk.open(path)
+            try:
+                f.sync()
+            finally:
+                f.close()
+        except OSError as e:
+            raise StorageError(f"{path}: fdatasync failed: {e}") from e
+    try:
+        disk.sync_dir(directory)
+    except OSError as e:
+        raise StorageError(f"{directory}: directory fsync failed: {e}") from e

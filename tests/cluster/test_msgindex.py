@@ -1,0 +1,132 @@
+"""The compact per-message index and the dedup-key table, alone and restored from a store."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from raftq.cluster.msgindex import GONE, DedupKeys, DigestTable, MsgIndex, key_digest
+from raftq.cluster.segstore import SegmentStore
+from raftq.cluster.storage import OsDisk, StorageCorrupt
+
+AT = 1_700_000_000_000
+
+
+def test_get_by_seq_remove_and_the_gone_prefix_is_dropped() -> None:
+    ix = MsgIndex()
+    for i in range(5000):
+        assert ix.append(i * 100, 40 + i % 7, i % 7, AT + i, 2) == i + 1
+    assert ix.get(10) == (900, 40 + 9 % 7, 9 % 7, AT + 9)
+    assert ix.remove(10) == (900, 40 + 9 % 7, 9 % 7)
+    assert ix.remove(10) is None and ix.get(10) is None and not ix.retained(10)
+    assert ix.oldest_seq() == 1, "a gap is not a prefix"
+    for seq in range(1, 3000):
+        ix.remove(seq)
+    assert ix.oldest_seq() == 3000 and ix.next_seq == 5001
+    assert 1 < ix.first_seq <= 3000 and len(ix.refs) < 2600, "the gone prefix was cut"
+    assert ix.get(2999) is None and ix.get(3000) == (299900, 40 + 2999 % 7, 2999 % 7, AT + 2999)
+    assert ix.get(5001) is None and ix.get(0) is None
+
+
+def test_refs_count_down_and_compaction_moves_are_applied() -> None:
+    ix = MsgIndex()
+    for i in range(10):
+        ix.append(i, 30, 1, AT, 3)
+    ix.set_ref(4, ix.ref(4) - 1)
+    assert ix.ref(4) == 2
+    ix.relocate({4: 1 << 32 | 24})
+    assert ix.is_live(4, 1 << 32 | 24) and not ix.is_live(4, 3)
+    ix.remove(4)
+    assert not ix.is_live(4, 1 << 32 | 24)
+
+
+def test_an_index_costs_under_32_bytes_a_message() -> None:
+    ix = MsgIndex()
+    for i in range(100_000):
+        ix.append(i << 8, 130, 100, AT + i, 1)
+    assert ix.nbytes() / 100_000 < 32
+
+
+def _build(path: Path) -> tuple[SegmentStore, MsgIndex]:
+    """A topic of 300 messages, some acked, part of it compacted."""
+    s = SegmentStore(OsDisk(), str(path), segment_bytes=4096, flush_bytes=512)
+    s.truncate_to([])
+    ix = MsgIndex()
+    for i in range(1, 301):
+        loc, n = s.append("t.1", i, AT + i, b"p" * (i % 50), {"i": str(i)} if i % 2 else None)
+        assert ix.append(loc, n, i % 50, AT + i, 2) == i
+    for seq in [*range(1, 40), *range(60, 120, 2)]:
+        loc, n, _ = ix.remove(seq) or (0, 0, 0)
+        s.free("t.1", loc, n)
+    moved = 0
+    for key, segno in s.candidates():
+        m = s.compact(key, segno, ix.is_live)
+        ix.relocate(m)
+        moved += len(m)
+    assert moved, "expected a compaction to move records"
+    ix.set_ref(200, 1)
+    return s, ix
+
+
+def test_restore_rebuilds_every_column_from_the_stores_records(tmp_path: Path) -> None:
+    s, ix = _build(tmp_path)
+    assert s.candidates() == []
+    dumped = ix.dump()
+    _, marks = s.marks()
+    s.sync()
+    again = SegmentStore(OsDisk(), str(tmp_path), segment_bytes=4096, flush_bytes=512)
+    again.truncate_to(marks)
+    got = MsgIndex.restore(dumped, again.columns("t.1"))
+    assert got.oldest_seq() == ix.oldest_seq() == 40
+    assert got.next_seq == ix.next_seq == 301
+    for seq in range(1, 302):
+        assert got.get(seq) == ix.get(seq), seq
+        if ix.retained(seq):
+            assert got.ref(seq) == ix.ref(seq)
+            loc, n, _, _ = got.get(seq) or (0, 0, 0, 0)
+            assert again.read("t.1", seq, loc, n)[0] == b"p" * (seq % 50)
+    assert got.ref(200) == 1 and got.refs.count(GONE) == ix.refs[ix.head :].count(GONE)
+
+
+def test_restore_refuses_a_retained_message_without_a_record(tmp_path: Path) -> None:
+    s, ix = _build(tmp_path)
+    dumped = ix.dump()
+    cols = list(s.columns("t.1"))
+    with pytest.raises(StorageCorrupt, match="have no record"):
+        MsgIndex.restore(dumped, cols[1:])
+
+
+def test_dedup_keys_answer_expire_by_row_and_round_trip() -> None:
+    k = DedupKeys()
+    k.add(AT + 100, [("a", 1), ("b", 2)])
+    k.add(AT + 50, [("c", 3)])
+    assert (k.get("a"), k.get("c"), k.get("zz")) == (1, 3, None)
+    assert k.next_expiry() == AT + 50
+    again = DedupKeys.restore(k.dump())
+    assert again.dump() == k.dump() and [again.get(x) for x in "abcz"] == [1, 2, 3, None]
+    assert k.expire(AT + 50) == 1 and k.get("c") is None and k.get("a") == 1
+    assert k.expire(AT + 100) == 2 and len(k) == 0 and k.next_expiry() is None
+    old = DedupKeys.from_keys([(AT + 100, ["a", "b"], [1, 2]), (AT + 50, ["c"], [3])])
+    assert old.dump() == again.dump(), "a v4 snapshot's keys convert to the same rows"
+    assert len(key_digest("any key")) == 16
+
+
+def test_the_digest_table_agrees_with_a_dict_through_inserts_deletes_and_resizes() -> None:
+    rnd = random.Random(5)
+    t, model = DigestTable(), {}
+    keys = [key_digest(str(i)) for i in range(3000)]
+    for step in range(20000):
+        d = keys[rnd.randrange(len(keys))]
+        if rnd.random() < 0.55:
+            t.put(d, step)
+            model[d] = step
+        else:
+            assert t.pop(d) == model.pop(d, None)
+        if step % 997 == 0:
+            assert all(t.get(k) == model.get(k) for k in keys)
+    assert len(t) == len(model) and all(t.get(k) == model.get(k) for k in keys)
+    while model:  # shrinks as it empties
+        assert t.pop(model.popitem()[0]) is not None
+    assert len(t) == 0 and t.cap == 16
