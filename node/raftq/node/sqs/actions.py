@@ -130,7 +130,9 @@ def _labels(stats: dict[str, Any]) -> dict[str, str]:
 async def _dlq_exists(ctx: Ctx, dlq: str) -> None:
     try:
         await _stats(ctx, dlq)
-    except SqsError:
+    except (SqsError, ApiError) as e:
+        if isinstance(e, ApiError) and e.code != "topic_not_found":
+            raise
         raise invalid(
             "Value for parameter RedrivePolicy is invalid. Reason: Dead letter target does not"
             " exist."
