@@ -222,3 +222,22 @@ def test_tampered_body_skew_and_expired_presigned_url_end_to_end(cluster: SqsClu
     assert status == 200 and b"<ListQueuesResponse" in body, body
     status, _, body = raw(stale.url, stale)
     assert status == 400 and b"<Code>RequestExpired</Code>" in body, body
+
+
+@pytest.mark.slow
+def test_a_signed_form_request_with_its_own_accept_goes_through_a_follower(
+    cluster: SqsCluster,
+) -> None:
+    """A query-protocol client's request, signed with headers the API itself would refuse
+    (Accept: text/xml), is forwarded unchanged and answered in XML."""
+    creds = cluster.credentials()
+    base = cluster.sqs_url(cluster.followers()[0])
+    headers = {"Content-Type": "application/x-www-form-urlencoded; charset=utf-8",
+               "Accept": "text/xml"}  # fmt: skip
+    with mock.patch(f"{__name__}.KEY", "admin"):
+        req = sign(base + "/", b"Action=ListQueues&Version=2012-11-05",
+                   secret=creds["secret_access_key"], headers=headers)  # fmt: skip
+    assert "accept" in req.headers["Authorization"]
+    status, hdrs, body = raw(base + "/", req)
+    assert status == 200 and body.startswith(b'<?xml version="1.0"?><ListQueuesResponse'), body
+    assert hdrs["Content-Type"].startswith("text/xml")
