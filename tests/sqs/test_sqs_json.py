@@ -4,6 +4,8 @@ and their move back, error codes, rights. Requests go to followers too (they for
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from raftq.node.sqs.message import md5_attributes
 from tests.sqs.conftest import SqsCluster
 from tests.support import wait_for
 
@@ -95,8 +98,7 @@ def test_send_receive_delete_with_attributes_and_md5s(sqs_cluster: SqsCluster, q
         "c": {"DataType": "String.custom", "StringValue": "x"},
     }
     sent = sqs.send_message(QueueUrl=url, MessageBody="body <&> ünïcode", MessageAttributes=attrs)
-    # (boto3 checks MD5OfMessageBody and MD5OfMessageAttributes itself: a wrong one raises)
-    assert sent["MD5OfMessageAttributes"]
+    assert sent["MD5OfMessageBody"] == hashlib.md5("body <&> ünïcode".encode()).hexdigest()
     got = sqs.receive_message(
         QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=5,
         AttributeNames=["All"], MessageAttributeNames=["All"],
@@ -105,6 +107,11 @@ def test_send_receive_delete_with_attributes_and_md5s(sqs_cluster: SqsCluster, q
     m = got[0]
     assert m["MessageId"] == sent["MessageId"] and m["Body"] == "body <&> ünïcode"
     assert m["MessageAttributes"] == attrs
+    assert m["MD5OfBody"] == sent["MD5OfMessageBody"]
+    assert m["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
+    as_text = {k: {**v, "BinaryValue": base64.b64encode(v["BinaryValue"]).decode()}
+               if "BinaryValue" in v else v for k, v in attrs.items()}  # fmt: skip
+    assert m["MD5OfMessageAttributes"] == md5_attributes(as_text)  # (test_sqs_wire: AWS's vectors)
     assert m["Attributes"]["ApproximateReceiveCount"] == "1"
     assert abs(int(m["Attributes"]["SentTimestamp"]) - time.time() * 1000) < 60_000
     # Only the attributes asked for, and the digest of those.
