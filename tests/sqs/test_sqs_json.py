@@ -91,7 +91,7 @@ def test_list_queues_pages_with_next_token(sqs_cluster: SqsCluster, qname: str) 
 def test_send_receive_delete_with_attributes_and_md5s(sqs_cluster: SqsCluster, qname: str) -> None:
     sqs = sqs_cluster.client(follower(sqs_cluster))
     url = sqs.create_queue(QueueName=qname)["QueueUrl"]
-    attrs = {
+    attrs: dict[str, dict[str, Any]] = {
         "s": {"DataType": "String", "StringValue": "héllo"},
         "n": {"DataType": "Number", "StringValue": "12.5"},
         "b": {"DataType": "Binary", "BinaryValue": b"\x00\xff"},
