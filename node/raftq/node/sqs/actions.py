@@ -274,6 +274,8 @@ async def set_queue_attributes(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
                               " cannot be its own dead-letter queue.")  # fmt: skip
             ctx.who.require(ADMIN, policy[0])
             await _dlq_exists(ctx, policy[0])
+    # (the leader's clock, stamped into the command: LastModifiedTimestamp)
+    attrs["LastModifiedTimestamp"] = int(time.time())
     tcfg, gcfg = q.to_config(attrs, labels, fifo=False)
     if gcfg:
         await ctx.svc.call(commands.update_group(name, q.GROUP, {"config": gcfg}))
