@@ -123,6 +123,8 @@ class Frontend:
                 except (ValueError, UnicodeDecodeError):
                     raise SqsError("MalformedQueryString", "the form body is malformed") from None
             call = wire.decode_query(url_query + form)
+        if "QueueUrl" not in call.params and len([x for x in path.split("/") if x]) == 2:
+            call.params["QueueUrl"] = path  # (sent to the queue's URL, as kombu does)
         who, access_key, region = ANYONE, "", "us-east-1"
         if self.svc.settings.auth:
             sreq = sigv4.Request(
