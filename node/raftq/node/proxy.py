@@ -318,10 +318,26 @@ class Forwarder:
         except (aiohttp.ClientError, TimeoutError) as e:
             log.warning("release of consumer %s via the leader failed: %r", consumer, e)
 
-    async def probe(self, api: Any, timeout: float = 0.5) -> bool:
-        """Does the node at ``api`` (host:port) answer ``/healthz``?"""
+    async def health(self, api: Any, timeout: float = 0.5) -> dict[str, Any] | None:
+        """The ``/healthz`` answer of the node at ``api`` (host:port) when it is 200 (its
+        ``figures`` included where it shows them); None when it does not answer so."""
         if not api or self.session is None:
-            return False
+            return None
+        try:
+            async with self.session.get(
+                f"{self.settings.url(api)}/healthz",
+                timeout=aiohttp.ClientTimeout(total=timeout),
+                ssl=self._ssl(),
+            ) as r:
+                if r.status != 200:
+                    return None
+                try:
+                    body = await r.json(content_type=None)
+                except ValueError:
+                    body = None
+                return body if isinstance(body, dict) else {}
+        except (aiohttp.ClientError, TimeoutError):
+            return None
         try:
             async with self.session.get(
                 f"{self.settings.url(api)}/healthz",
