@@ -44,6 +44,15 @@ def cpu_share(pid: int, seconds: float) -> float:
     return 100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
 
 
+def cpu_per_request(pid: int, url: str, path: str, token: str, n: int = 200) -> float:
+    """The leader's CPU milliseconds per ``GET path`` (sequential requests from here)."""
+    c0 = cpu_seconds(pid)
+    for _ in range(n):
+        code, _ = http("GET", url + path, token=token)
+        assert code == 200, (path, code)
+    return 1000 * (cpu_seconds(pid) - c0) / n
+
+
 def signed_in_page(browser: Browser, url: str, token: str) -> Any:
     ctx = browser.new_context(viewport={"width": 1366, "height": 820})
     ctx.add_init_script(f"sessionStorage.setItem('raftq.token', {token!r})")
@@ -112,6 +121,9 @@ def main() -> None:
                     f"max {max(drawn):.0f} ms"
                 )
                 pid = cluster.nodes[leader].proc.pid  # type: ignore[union-attr]
+                for path in ("/cluster", "/topics?stats=1", "/healthz"):
+                    ms = cpu_per_request(pid, url, path, cluster.token)
+                    print(f"  leader CPU per GET {path}: {ms:.2f} ms")
                 idle = cpu_share(pid, args.seconds)
                 pages = [signed_in_page(browser, url, cluster.token) for _ in range(args.consoles)]
                 for page in pages:
