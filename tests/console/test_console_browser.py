@@ -47,6 +47,7 @@ def test_sign_in_refuses_a_bad_token_then_signs_in_and_out(console: Console) -> 
     page.fill("#token", "rq_nosuch.AAAAAAAAAAAAAAAAAAAAAAAA")
     page.keyboard.press("Enter")
     expect(page.locator("form.signin .msg")).to_contain_text("Token refused")
+    expect(page.locator("#nav")).to_be_hidden()  # (no pages before signing in)
     console.shot("signin")
     console.sign_in(ADMIN_TOKEN)
     expect(page.locator("#who")).to_contain_text("admin")
@@ -54,6 +55,7 @@ def test_sign_in_refuses_a_bad_token_then_signs_in_and_out(console: Console) -> 
     assert page.evaluate("localStorage.length") == 0  # never kept beyond the tab
     page.click("#signout")
     expect(page.locator("#token")).to_be_visible()
+    expect(page.locator("#nav")).to_be_hidden()
     assert page.evaluate("sessionStorage.getItem('raftq.token')") is None
     console.check()
 
