@@ -357,12 +357,3 @@ class Forwarder:
                 return body if isinstance(body, dict) else {}
         except (aiohttp.ClientError, TimeoutError):
             return None
-        try:
-            async with self.session.get(
-                f"{self.settings.url(api)}/healthz",
-                timeout=aiohttp.ClientTimeout(total=timeout),
-                ssl=self._ssl(),
-            ) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False

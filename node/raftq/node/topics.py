@@ -50,24 +50,22 @@ async def list_topics(svc: BrokerService, request: web.Request) -> web.StreamRes
     ``stats``, also each listed topic's ``summary`` (one read for a whole table)."""
     who = principal(request)
     q = query(request)
-    limit, after, with_stats = q["limit"], q["after"], q["stats"]
-
-    def page_of(b: Any) -> tuple[list[str], bool, list[dict[str, Any]] | None]:
-        names = sorted(b.list_topics())
-        page: list[str] = []
-        more = False
-        start = bisect.bisect_right(names, after) if after else 0
-        for name in itertools.islice(names, start, None):
-            if who.may(TOPIC, name):
-                if len(page) == limit:
-                    more = True
-                    break
-                page.append(name)
-        return page, more, [summary(b.topic_stats(n)) for n in page] if with_stats else None
-
-    page, more, stats = await svc.read_latest(page_of)
+    limit, after = q["limit"], q["after"]
+    names = sorted(await svc.read_latest(lambda b: b.list_topics()))
+    page: list[str] = []
+    more = False
+    for name in itertools.islice(names, bisect.bisect_right(names, after) if after else 0, None):
+        if who.may(TOPIC, name):
+            if len(page) == limit:
+                more = True
+                break
+            page.append(name)
     body: dict[str, Any] = {"topics": page, "next": page[-1] if more else None}
-    if stats is not None:
+    if q["stats"]:
+        # (read right after the barrier above: as new as it, or newer; a topic deleted
+        # meanwhile leaves both lists)
+        stats = svc.raft.read(lambda b: [summary(b.topic_stats(n)) for n in page if n in b.topics])
+        body["topics"] = [s["topic"] for s in stats]
         body["stats"] = stats
     return httpio.respond(request, body)
 
