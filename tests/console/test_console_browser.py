@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -297,3 +298,25 @@ def test_a_killed_node_shows_as_down_within_seconds(console: Console, cluster: C
         "up", timeout=15_000
     )
     console.check()
+
+
+def test_the_console_works_over_https(browser: Any, tmp_path: Path, shots: Path) -> None:
+    """A cluster on HTTPS (a dev CA the browser is told to accept): the console signs in, and
+    the node it talks to probes its peers over HTTPS for their figures."""
+    from tests.node.test_tls_cluster import TlsCluster
+
+    tls = TlsCluster(tmp_path, 3)
+    ctx = browser.new_context(ignore_https_errors=True)  # (the dev CA is not the system's)
+    try:
+        tls.start()
+        con = Console(ctx.new_page(), tls.url("n1"), shots)
+        assert con.url.startswith("https://")
+        con.sign_in(ADMIN_TOKEN)
+        expect(con.page.locator("#nodes [data-up=up]")).to_have_count(3)
+        expect(con.page.locator("#nodes")).to_contain_text("MiB")  # (the peers' figures too)
+        assert con.page.locator("#nodes td:has-text('MiB')").count() == 3
+        con.shot("overview-https")
+        con.check()
+    finally:
+        ctx.close()
+        tls.close()
