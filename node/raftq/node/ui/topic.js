@@ -49,12 +49,30 @@ function groupRows(groups) {
   });
 }
 
+// A config value as typed: "" is null (none), JSON for maps and lists ({...} or [...]),
+// numbers as numbers, anything else as text (the server names what it refuses).
+function parseValue(raw, was) {
+  if (raw === "") return null;
+  if (/^[{[]/.test(raw)) {
+    try { return JSON.parse(raw); } catch { return raw; }
+  }
+  if (typeof was === "string") return raw;
+  const n = Number(raw);
+  return Number.isNaN(n) ? raw : n;
+}
+
+function configInput(k, v) {
+  if (k === "overflow") {
+    return h("select", { name: k }, ["reject", "drop_oldest"].map((o) => h("option", { value: o, selected: o === v }, o)));
+  }
+  if (typeof v === "boolean") return h("input", { name: k, type: "checkbox", checked: v });
+  const text = v === null ? "" : typeof v === "object" ? JSON.stringify(v) : String(v);
+  return h("input", { name: k, value: text, placeholder: "none", class: typeof v === "object" && v !== null ? "mono" : "" });
+}
+
 function configForm(topic, config, canEdit, msg, onSaved) {
   const inputs = Object.keys(config).sort().map((k) => {
-    const v = config[k];
-    const input = k === "overflow"
-      ? h("select", { name: k }, ["reject", "drop_oldest"].map((o) => h("option", { value: o, selected: o === v }, o)))
-      : h("input", { name: k, value: v === null ? "" : String(v), inputmode: "numeric", placeholder: "none" });
+    const input = configInput(k, config[k]);
     input.disabled = !canEdit;
     return [k, input];
   });
@@ -62,9 +80,8 @@ function configForm(topic, config, canEdit, msg, onSaved) {
     e.preventDefault();
     const changed = {};
     for (const [k, input] of inputs) {
-      const raw = input.value.trim();
-      const value = k === "overflow" ? raw : raw === "" ? null : Number(raw);
-      if (value !== config[k]) changed[k] = Number.isNaN(value) ? raw : value;
+      const value = input.type === "checkbox" ? input.checked : parseValue(input.value.trim(), config[k]);
+      if (JSON.stringify(value) !== JSON.stringify(config[k])) changed[k] = value;
     }
     if (!Object.keys(changed).length) { say(msg, "Nothing changed.", true); return; }
     try {
