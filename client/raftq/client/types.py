@@ -99,6 +99,9 @@ class Member(TypedDict, total=False):
     self: bool
     answers: bool
     observed_role: str  # (set by the CLI's status: what it saw, not what the node says)
+    # role, term, commit_index, applied_index, rss_bytes, fsyncs, fsync_seconds, snapshots,
+    # last_snapshot_seconds: from the member's /healthz when it answers (the web console's)
+    figures: dict[str, Any]
 
 
 class ClusterInfo(TypedDict):
@@ -117,6 +120,7 @@ class ClusterInfo(TypedDict):
     running: NotRequired[bool]
     error: NotRequired[str]
     digest: NotRequired[str]
+    you: NotRequired[dict[str, Any]]  # the caller: name, cluster, all, grants
 
 
 class Membership(TypedDict):

@@ -274,8 +274,32 @@ SCHEMAS: dict[str, Any] = {
         {
             "topics": _list(S),
             "next": _nullable({**S, "description": "the after of the next page; null: last"}),
+            "stats": _list(_ref("TopicSummary")),
         },
         ["topics"],
+    ),
+    "TopicSummary": _answer(
+        {
+            "topic": S,
+            "messages": I,
+            "bytes": I,
+            "last_seq": I,
+            "oldest_age_ms": _nullable({**N, "description": "oldest retained message"}),
+            "oldest_unsettled_age_ms": _nullable(
+                {**N, "description": "oldest message a group has yet to settle"}
+            ),
+            "groups": {**I, "description": "how many"},
+            "pending": {**I, "description": "summed over its groups (so are the next three)"},
+            "delayed": I,
+            "in_flight": I,
+            "consumers": I,
+            "counters": {**ANY, "description": "the topic's counters (published...)"},
+            "group_counters": {
+                **ANY,
+                "description": "its groups' counters summed (delivered, acked, dead_lettered...)",
+            },
+        },
+        ["topic", "messages"],
     ),
     "Created": _answer({"topic": S, "group": S, "created": B}, ["topic", "created"]),
     "Configured": _answer({"topic": S, "group": S, "config": ANY}, ["topic", "config"]),
@@ -384,8 +408,13 @@ SCHEMAS: dict[str, Any] = {
                 "description": "this node's last entry (--force-new-cluster takes it)",
             },
             "last_log_term": {**I, "description": "its term"},
-            "members": ANY,
+            "members": {
+                **ANY,
+                "description": "id -> raft, api, connected, self, answers (its /healthz now),"
+                " figures (NodeFigures, when it answers and shows them)",
+            },
             "running": B,
+            "you": _ref("Caller"),
             "error": {**S, "description": "why Raft stopped (role: stopped)"},
             "digest": {**S, "description": "with digest=1"},
         },
@@ -393,8 +422,36 @@ SCHEMAS: dict[str, Any] = {
     ),
     "Membership": _answer({"added": S, "removed": S, "members": _list(S)}, ["members"]),
     "Health": _answer(
-        {"ok": B, "node": S, "raft_error": {**S, "description": "why Raft stopped (503)"}},
+        {
+            "ok": B,
+            "node": S,
+            "raft_error": {**S, "description": "why Raft stopped (503)"},
+            "figures": _ref("NodeFigures"),
+        },
         ["ok"],
+    ),
+    "NodeFigures": _answer(
+        {
+            "role": S,
+            "term": I,
+            "commit_index": I,
+            "applied_index": I,
+            "rss_bytes": _nullable({**I, "description": "resident memory (Linux)"}),
+            "fsyncs": _nullable(I),
+            "fsync_seconds": _nullable({**N, "description": "time spent in fsync, in all"}),
+            "snapshots": _nullable({**I, "description": "written since start"}),
+            "last_snapshot_seconds": _nullable({**N, "description": "how long the last took"}),
+        },
+        ["role"],
+    ),
+    "Caller": _answer(
+        {
+            "name": S,
+            "cluster": {**B, "description": "may manage members and tokens"},
+            "all": {**B, "description": "every right (bootstrap admin, or access control off)"},
+            "grants": _list(_ref("Grant")),
+        },
+        ["name"],
     ),
     "Readiness": _answer(
         {
@@ -446,8 +503,9 @@ _SQS_CONTENT = {"application/x-amz-json-1.0": {"schema": ANY}, "text/xml": {"sch
 _RETRY = {"description": "seconds to wait before trying again", "schema": _int(0)}
 _PATH_PARAM = re.compile(r"{(\w+)}")
 _PATH_DOC = {"topic": "a topic name", "group": "a consumer group name"}
+_FILE = {**S, "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$"}  # (a console file's name)
 _PATH_SCHEMA = {"topic": NAME, "group": NAME, "node": NAME, "token": TOKEN_ID,
-                "consumer": CONSUMER}  # fmt: skip
+                "consumer": CONSUMER, "file": _FILE}  # fmt: skip
 
 
 def _query(q: Query) -> dict[str, Any]:
@@ -481,6 +539,8 @@ def _answer_content(answer: str) -> dict[str, Any]:
         return {"application/json": {"schema": ANY}}
     if answer == SQS:
         return _SQS_CONTENT
+    if "/" in answer:  # media types, comma-separated (the console's files)
+        return {media: {"schema": S} for media in answer.split(",")}
     return _content(answer)
 
 
@@ -569,6 +629,7 @@ TAGS = {
     "tokens": ("tokens", "Access tokens and their grants"),
     "ops": ("cluster", "This node, its members, probes, metrics and this document"),
     "sqs.routes": ("sqs", "The SQS-compatible API (see the README), and SQS credentials"),
+    "console": ("console", "The web console's static files (public; its pages call the API)"),
 }
 
 
