@@ -41,13 +41,14 @@ from raftq.node.proxy import Forwarder, LeadsHere
 from raftq.node.raftapi import Raft
 from raftq.node.routes import AUTHN, LEADER, Route, parse_query, path_name, set_principal
 from raftq.node.service import BrokerService, LeaderLost, NodeSettings
+from raftq.node.sqs import routes as sqs
 from raftq.node.stream import STREAMS, Streams
 
 __all__ = ["ROUTE_MODULES", "SERVICE", "NodeSettings", "all_routes", "build_app"]
 
 log = logging.getLogger("raftq.node")
 
-ROUTE_MODULES = (topics, messages, stream, tokens, ops)
+ROUTE_MODULES = (topics, messages, stream, tokens, ops, sqs)
 SERVICE: web.AppKey[BrokerService] = web.AppKey("service", BrokerService)
 CATCH_UP_S = 1.0  # how long a follower waits at most to learn a token it does not know
 CATCH_UP_MIN_S = 0.1

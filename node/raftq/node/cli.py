@@ -68,6 +68,13 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "leader's address [RAFTQ_ADVERTISE] (default: --listen)",
     )
     p.add_argument(
+        "--sqs-listen",
+        default=_env("SQS_LISTEN"),
+        help="also serve the SQS-compatible API (boto3, Celery, aws sqs) on this host:port, with"
+        " TLS when the API has it [RAFTQ_SQS_LISTEN] (default: not served; the API's /sqs"
+        " always is)",
+    )
+    p.add_argument(
         "--peers",
         default=_env("PEERS", ""),
         help="members: id=raft_host:port/api_host:port,... (this node's own entry, if any, "
@@ -327,6 +334,8 @@ def _run_node(args: argparse.Namespace) -> int:
         split_hostport(args.raft, "--raft")
         if args.advertise:
             split_hostport(args.advertise, "--advertise")
+        if args.sqs_listen:
+            split_hostport(args.sqs_listen, "--sqs-listen")
         peers = parse_peers(args.peers or "")
         if args.statefulset_replicas is not None:
             replicas = int(args.statefulset_replicas)
@@ -350,6 +359,7 @@ def _run_node(args: argparse.Namespace) -> int:
         listen=args.listen,
         raft=args.raft,
         advertise=args.advertise,
+        sqs_listen=args.sqs_listen or None,
         peers=peers,
         data_dir=args.data_dir,
         secret=args.secret,

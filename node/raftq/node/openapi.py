@@ -394,6 +394,10 @@ SCHEMAS: dict[str, Any] = {
     ),
     "TokenList": _answer({"tokens": _list(_ref("Token"))}, ["tokens"]),
     "Revoked": _answer({"id": S, "revoked": B}, ["id", "revoked"]),
+    "SqsCredentials": _answer(
+        {"access_key_id": S, "secret_access_key": S, "region": S, "note": S},
+        ["access_key_id", "secret_access_key"],
+    ),
     "Any": ANY,
 }
 
@@ -408,6 +412,9 @@ def _content(schema: str) -> dict[str, Any]:
 
 
 _HEADER = {"schema": S}
+# The SQS protocols' answers, errors too (raftq.node.sqs.wire): AWS JSON 1.0 or XML.
+SQS = "sqs"
+_SQS_CONTENT = {"application/x-amz-json-1.0": {"schema": ANY}, "text/xml": {"schema": S}}
 _RETRY = {"description": "seconds to wait before trying again", "schema": _int(0)}
 _PATH_PARAM = re.compile(r"{(\w+)}")
 _PATH_DOC = {"topic": "a topic name", "group": "a consumer group name"}
@@ -444,6 +451,8 @@ def _answer_content(answer: str) -> dict[str, Any]:
         return {"text/plain": {"schema": S}}
     if answer == "application/json":
         return {"application/json": {"schema": ANY}}
+    if answer == SQS:
+        return _SQS_CONTENT
     return _content(answer)
 
 
@@ -467,6 +476,9 @@ def _operation(route: Route) -> dict[str, Any]:
             "description": "a follower redirects to the leader",
             "headers": {"Location": _HEADER, "X-Raftq-Leader": _HEADER},
         }
+    if route.answer == SQS:
+        for status in ("4XX", "5XX"):
+            responses[status] = {"description": "an SQS error", "content": _SQS_CONTENT}
     responses.setdefault("4XX", {"description": "client error", **_ERR})
     responses.setdefault(
         "503",
@@ -528,11 +540,12 @@ TAGS = {
     "stream": ("streams", "WebSocket streams: a pushing consumer, a publisher"),
     "tokens": ("tokens", "Access tokens and their grants"),
     "ops": ("cluster", "This node, its members, probes, metrics and this document"),
+    "sqs.routes": ("sqs", "The SQS-compatible API (see the README), and SQS credentials"),
 }
 
 
 def _tag(route: Route) -> str:
-    module = route.handler.__module__.rpartition(".")[2]
+    module = route.handler.__module__.removeprefix("raftq.node.")
     return TAGS[module][0] if module in TAGS else module
 
 

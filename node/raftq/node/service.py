@@ -65,6 +65,9 @@ class NodeSettings:
     admin_token: str | None = field(default=None, repr=False)
     internal_token: str | None = field(default=None, repr=False)
     auth_observe: bool = False  # /metrics and /openapi.json need a token too
+    # What SQS secret access keys are derived from (raftq.node.sqs.credentials; from the
+    # cluster secret): None, no SQS request can be verified.
+    sqs_key: bytes | None = field(default=None, repr=False)
     # Per-topic and per-group metric series for at most this many topics, those with the
     # largest backlog (None: every topic); cluster totals are always there.
     metrics_topics: int | None = DEFAULT_METRICS_TOPICS
