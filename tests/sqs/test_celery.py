@@ -30,6 +30,7 @@ pytest.importorskip("celery", reason="celery is in the dev extra")
 pytest.importorskip("boto3", reason="boto3 is in the dev extra")
 
 from tests.sqs.celery_app import TASK, make_app
+from tests.sqs.sqs_cluster import SqsCluster
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -57,7 +58,21 @@ def endpoint(tmp_path: Path) -> Iterator[Endpoint]:
         finally:
             moto.stop()
         return
-    pytest.skip("raftq's SQS listener (branch i24-sqs) is not merged yet")
+    cluster = SqsCluster(tmp_path, 3)
+    try:
+        cluster.start()
+        follower = cluster.followers()[0]
+        url, key, secret, _ = cluster.sqs_endpoint(follower)
+
+        def kill_leader() -> str:
+            lid = cluster.wait_leader()
+            assert lid != follower
+            cluster.kill(lid)
+            return lid
+
+        yield Endpoint(url, key, secret, kill_leader)
+    finally:
+        cluster.close()
 
 
 def broker_url(ep: Endpoint) -> str:

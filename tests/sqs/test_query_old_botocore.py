@@ -16,6 +16,7 @@ from xml.etree import ElementTree
 import pytest
 
 from tests.sqs.old_botocore import old_botocore_python, run_calls
+from tests.sqs.sqs_cluster import SqsCluster
 
 pytestmark = pytest.mark.timeout(420)  # the first run builds the venv (pip)
 
@@ -39,7 +40,13 @@ def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
         finally:
             moto.stop()
         return
-    pytest.skip("raftq's SQS listener (branch i24-sqs) is not merged yet")
+    cluster = SqsCluster(tmp_path_factory.mktemp("cluster"), 3)
+    try:
+        cluster.start()
+        url, key, secret, _ = cluster.sqs_endpoint(cluster.followers()[0])
+        yield url, key, secret
+    finally:
+        cluster.close()
 
 
 def ok(outcome: dict[str, Any]) -> dict[str, Any]:
@@ -177,7 +184,7 @@ def test_old_botocore_gets_errors_in_the_xml_error_response_shape(
              {"Id": "fine", "MessageBody": "x"},
              {"Id": "big", "MessageBody": "x" * (256 * 1024 + 1)}]}},
     ]  # fmt: skip
-    too_many, not_distinct, bad_value, bad_handle, too_long = run_calls(
+    too_many, not_distinct, bad_value, bad_handle, too_big = run_calls(
         old_python, url, key, secret, calls
     )
     assert error_response(too_many)["Code"] == (
@@ -188,8 +195,13 @@ def test_old_botocore_gets_errors_in_the_xml_error_response_shape(
     )
     assert error_response(bad_value)["Code"] == "InvalidAttributeValue"
     assert error_response(bad_handle)["Code"] == "ReceiptHandleIsInvalid"
-    # One entry too big: the whole batch is refused as too long (SQS counts the total).
-    assert error_response(too_long)["Code"] == "AWS.SimpleQueueService.BatchRequestTooLong"
+    # One entry bigger than the queue's MaximumMessageSize: that entry fails, the other is sent
+    # (a BatchResultErrorEntry in the XML answer).
+    result = ok(too_big)
+    assert [e["Id"] for e in result["Successful"]] == ["fine"]
+    (failed,) = result["Failed"]
+    assert failed["Id"] == "big" and failed["SenderFault"] is True, failed
+    assert failed["Code"] == "InvalidParameterValue" and "shorter than" in failed["Message"]
     # And a request whose signature does not match (a wrong secret): refused in XML too.
     denied = run_calls(old_python, url, key, secret + "x",
                        [{"op": "get_queue_url", "params": {"QueueName": name}}])[0]  # fmt: skip
