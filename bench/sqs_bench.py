@@ -7,8 +7,9 @@ Sides, all on this box, every server on loopback:
   raftq-sqs   boto3 against the SQS listener of the leader of 3 local nodes (fsync always)
   moto        boto3 against moto_server (moto[server]: one process, in memory, no replication),
               the emulator people run today
-  raftq       the native client on the same 3 nodes: `raftq bench` cases (b) pipelined single
-              publishes and (d) streaming consume + ack (node/raftq/node/bench.py)
+  raftq       the native client on the same 3 nodes: `raftq bench` cases (a) one publish at a
+              time (beside send-1), (b) pipelined single publishes and (d) streaming consume +
+              ack (node/raftq/node/bench.py; --native-n messages, as `raftq bench --n`)
 Work of each SQS side, per round (``--size`` byte bodies):
   send-batch    --n messages by SendMessageBatch (10 a request), --threads requests in flight
   recv-delete   the same messages drained by ReceiveMessage(MaxNumberOfMessages=10) then
@@ -43,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import boto3
 from botocore.config import Config
 from tests.sqs.moto_server import KEY, SECRET, MotoServer
+from tests.sqs.sqs_cluster import SqsCluster
 
 from raftq.client import AsyncClient
 from raftq.node.bench import Results, one_run, pct
@@ -163,18 +165,18 @@ def native_round(urls: list[str], token: str, args: argparse.Namespace, rnd: int
 ]:  # fmt: skip
     """Cases (b) and (d) of ``raftq bench`` on the same cluster and the same --n."""
     res = Results()
-    ns = argparse.Namespace(n=args.n, window=args.window, secs=args.secs)
+    ns = argparse.Namespace(n=args.native_n, window=args.window, secs=args.secs)
 
     async def run() -> None:
         async with AsyncClient(urls, token=token) as c:
             topic = f"bench-{uuid.uuid4().hex[:10]}"
             await c.create_topic(topic)
-            await one_run(c, topic, b"m" * args.size, rnd, ns, {"b", "d"}, res)
+            await one_run(c, topic, b"m" * args.size, rnd, ns, set(args.native_cases), res)
             await c.delete_topic(topic)
 
     asyncio.run(run())
-    return [{"case": r["case"].split(" ")[0] + " native " + ("publish" if "(b)" in r["case"]
-             else "consume+ack"), "n": r["n"], "secs": r["secs"], "rate": r["rate"],
+    return [{"case": r["case"].split(f" {args.size}B")[0], "n": r["n"], "secs": r["secs"],
+             "rate": r["rate"],
              **({"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"]} if "p50_ms" in r else {}),
              "side": "raftq", "round": rnd} for r in res.rows]  # fmt: skip
 
@@ -203,6 +205,8 @@ def main() -> int:
     p.add_argument("--secs", type=float, default=5.0, help="duration of send-1")
     p.add_argument("--threads", type=int, default=8, help="boto3 requests in flight")
     p.add_argument("--window", type=int, default=100, help="native (b): publishes in flight")
+    p.add_argument("--native-cases", default="a,b,d", help="`raftq bench` cases (a, b, c, d)")
+    p.add_argument("--native-n", type=int, default=20_000, help="native (b), (d): messages")
     p.add_argument("--sides", default="raftq-sqs,moto,raftq")
     p.add_argument("--out", type=Path, default=Path("sqs-bench.json"))
     args = p.parse_args()
@@ -219,7 +223,8 @@ def main() -> int:
         if cluster is not None:
             r = SqsSide("raftq-sqs", *cluster.sqs_endpoint())
             runs["raftq-sqs"] = lambda k: sqs_round(r, args, k)
-            runs["raftq"] = lambda k: native_round(cluster.urls(), cluster.token, args, k)
+            urls = [cluster.url(nid) for nid in cluster.nodes]
+            runs["raftq"] = lambda k: native_round(urls, cluster.token, args, k)
         order = [s for s in sides if s in runs]
         for k in range(args.rounds):
             for s in order if k % 2 == 0 else order[::-1]:
@@ -236,8 +241,10 @@ def main() -> int:
     return 0
 
 
-def start_cluster(tmp: Path) -> Any:
-    raise NotImplementedError("raftq's SQS listener (branch i24-sqs) is not merged yet")
+def start_cluster(tmp: Path) -> SqsCluster:
+    cluster = SqsCluster(tmp, 3, fsync="always")
+    cluster.start()
+    return cluster
 
 
 if __name__ == "__main__":
