@@ -32,7 +32,7 @@ pytest.importorskip("boto3", reason="boto3 is in the dev extra")
 from tests.sqs.celery_app import TASK, make_app
 from tests.sqs.sqs_cluster import SqsCluster
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 TASKS = 1200
 KILL_AFTER = TASKS // 4

@@ -18,7 +18,7 @@ import pytest
 from tests.sqs.old_botocore import old_botocore_python, run_calls
 from tests.sqs.sqs_cluster import SqsCluster
 
-pytestmark = pytest.mark.timeout(420)  # the first run builds the venv (pip)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]  # the first run builds the venv
 
 
 @pytest.fixture(scope="module")
