@@ -43,8 +43,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import boto3
 from botocore.config import Config
+from tests.sqs.conftest import SqsCluster
 from tests.sqs.moto_server import KEY, SECRET, MotoServer
-from tests.sqs.sqs_cluster import SqsCluster
 
 from raftq.client import AsyncClient
 from raftq.node.bench import Results, one_run, pct
@@ -221,7 +221,10 @@ def main() -> int:
             m = SqsSide("moto", moto.url, KEY, SECRET, "us-east-1")
             runs["moto"] = lambda k: sqs_round(m, args, k)
         if cluster is not None:
-            r = SqsSide("raftq-sqs", *cluster.sqs_endpoint())
+            cr = cluster.credentials()
+            leader = cluster.sqs_url(cluster.wait_leader())
+            r = SqsSide("raftq-sqs", leader, cr["access_key_id"], cr["secret_access_key"],
+                        cr["region"])  # fmt: skip
             runs["raftq-sqs"] = lambda k: sqs_round(r, args, k)
             urls = [cluster.url(nid) for nid in cluster.nodes]
             runs["raftq"] = lambda k: native_round(urls, cluster.token, args, k)

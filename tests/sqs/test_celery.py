@@ -30,7 +30,7 @@ pytest.importorskip("celery", reason="celery is in the dev extra")
 pytest.importorskip("boto3", reason="boto3 is in the dev extra")
 
 from tests.sqs.celery_app import TASK, make_app
-from tests.sqs.sqs_cluster import SqsCluster
+from tests.sqs.conftest import SqsCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -62,7 +62,8 @@ def endpoint(tmp_path: Path) -> Iterator[Endpoint]:
     try:
         cluster.start()
         follower = cluster.followers()[0]
-        url, key, secret, _ = cluster.sqs_endpoint(follower)
+        creds = cluster.credentials()
+        key, secret = creds["access_key_id"], creds["secret_access_key"]
 
         def kill_leader() -> str:
             lid = cluster.wait_leader()
@@ -70,7 +71,7 @@ def endpoint(tmp_path: Path) -> Iterator[Endpoint]:
             cluster.kill(lid)
             return lid
 
-        yield Endpoint(url, key, secret, kill_leader)
+        yield Endpoint(cluster.sqs_url(follower), key, secret, kill_leader)
     finally:
         cluster.close()
 

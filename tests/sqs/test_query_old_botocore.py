@@ -15,8 +15,8 @@ from xml.etree import ElementTree
 
 import pytest
 
+from tests.sqs.conftest import SqsCluster
 from tests.sqs.old_botocore import old_botocore_python, run_calls
-from tests.sqs.sqs_cluster import SqsCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]  # the first run builds the venv
 
@@ -43,8 +43,9 @@ def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
     cluster = SqsCluster(tmp_path_factory.mktemp("cluster"), 3)
     try:
         cluster.start()
-        url, key, secret, _ = cluster.sqs_endpoint(cluster.followers()[0])
-        yield url, key, secret
+        creds = cluster.credentials()
+        url = cluster.sqs_url(cluster.followers()[0])
+        yield url, creds["access_key_id"], creds["secret_access_key"]
     finally:
         cluster.close()
 

@@ -655,6 +655,10 @@ class AsyncClient:
             TokenInfo, await self.request(rq.create_token(name, grants, cluster, expires_in))
         )
 
+    async def sqs_credentials(self) -> dict[str, str]:
+        """This token's SQS access key id and secret access key (for the SQS endpoint)."""
+        return dict(await self.request(rq.sqs_credentials()))
+
     async def list_tokens(self) -> list[TokenInfo]:
         return list((await self.request(rq.list_tokens()))["tokens"])
 

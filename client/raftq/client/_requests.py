@@ -43,6 +43,10 @@ def create_token(
     return Request("POST", "/tokens", body, idempotent=False)
 
 
+def sqs_credentials() -> Request:
+    return Request("GET", "/sqs/credentials", idempotent=True)
+
+
 def list_tokens() -> Request:
     return Request("GET", "/tokens", idempotent=True)
 

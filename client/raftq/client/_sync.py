@@ -278,6 +278,10 @@ class Client:
         ``grants``: ``[{"topics": "orders.*", "actions": ["publish", "consume"]}]``."""
         return cast(TokenInfo, self.request(rq.create_token(name, grants, cluster, expires_in)))
 
+    def sqs_credentials(self) -> dict[str, str]:
+        """This token's SQS access key id and secret access key (for the SQS endpoint)."""
+        return dict(self.request(rq.sqs_credentials()))
+
     def list_tokens(self) -> list[TokenInfo]:
         return list((self.request(rq.list_tokens()))["tokens"])
 

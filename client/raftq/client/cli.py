@@ -92,6 +92,7 @@ EXAMPLES = {
     "dlq redrive": "raftq dlq redrive orders.dlq --max 1000",
     "token create": "raftq token create billing --grant 'billing.*=consume'",
     "token list": "raftq token list",
+    "sqs credentials": "eval $(raftq sqs credentials)   # then: aws --endpoint-url ... sqs",
     "token show": "raftq token show billing",
     "token revoke": "raftq token revoke billing",
     "token new": "export RAFTQ_ADMIN_TOKEN=$(raftq token new)",
@@ -201,6 +202,14 @@ def register(sub: Any, parser: argparse.ArgumentParser | None = None) -> None:
     p.add_argument("api", help="its HTTP host:port")
     p = cmd(msub, "member remove", _member_remove, "remove a node from the cluster")
     p.add_argument("id")
+
+    ssub = group("sqs", "the SQS-compatible endpoint")
+    cmd(
+        ssub,
+        "sqs credentials",
+        _sqs_credentials,
+        "this token's SQS credentials (access key id, secret access key), as shell exports",
+    )
 
     tsub = group("topic", "create, list, show, peek, delete or purge topics")
     p = cmd(tsub, "topic create", _topic_create, "create a topic")
@@ -1229,6 +1238,19 @@ def _token_create(args: argparse.Namespace, c: Client) -> int:
         )
 
     return _emit(args, res, human)
+
+
+def _sqs_credentials(args: argparse.Namespace, c: Client) -> int:
+    creds = c.sqs_credentials()
+
+    def human() -> str:
+        return (
+            f"export AWS_ACCESS_KEY_ID={creds['access_key_id']}"
+            f" AWS_SECRET_ACCESS_KEY={creds['secret_access_key']}"
+            f" AWS_DEFAULT_REGION={creds.get('region', 'us-east-1')}"
+        )
+
+    return _emit(args, creds, human)
 
 
 def _token_list(args: argparse.Namespace, c: Client) -> int:

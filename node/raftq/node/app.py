@@ -79,7 +79,7 @@ def _errors(svc: BrokerService) -> Middleware:
         t0 = time.perf_counter()
         status = 500
         try:
-            if request.method not in ("GET", "HEAD"):
+            if request.method not in ("GET", "HEAD") and route != sqs.FORWARD_PATH:
                 httpio.check_accept(request)  # before a write is applied; a read falls back to JSON
             resp = await handler(request)
             status = resp.status

@@ -395,6 +395,9 @@ def add_cluster_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     up.add_argument("--dir", default="./.raftq", help="data and logs (default ./.raftq)")
     up.add_argument("--api-port", type=int, default=8001, help="first HTTP port (default 8001)")
     up.add_argument("--raft-port", type=int, default=9001, help="first Raft port (default 9001)")
+    up.add_argument(
+        "--sqs-port", type=int, default=9324, help="first SQS endpoint port (default 9324)"
+    )
     up.add_argument("--fsync", choices=["always", "never"], default="always")
     up.add_argument(
         "--tls",
@@ -409,7 +412,9 @@ def _run_cluster_up(args: argparse.Namespace) -> int:
     from raftq.node.devcluster import cluster_up
 
     logfmt.setup("INFO")
-    return cluster_up(args.nodes, args.dir, args.api_port, args.raft_port, args.fsync, args.tls)
+    return cluster_up(
+        args.nodes, args.dir, args.api_port, args.raft_port, args.fsync, args.tls, args.sqs_port
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raftq.cluster import validate
+from raftq.cluster.errors import BrokerError
 from raftq.node import commands
 from raftq.node.auth import ADMIN, CONSUME, PUBLISH, TOPIC, Principal
 from raftq.node.errors import ApiError
@@ -130,7 +131,9 @@ def _labels(stats: dict[str, Any]) -> dict[str, str]:
 async def _dlq_exists(ctx: Ctx, dlq: str) -> None:
     try:
         await _stats(ctx, dlq)
-    except SqsError:
+    except (SqsError, ApiError) as e:
+        if isinstance(e, ApiError) and e.code != "topic_not_found":
+            raise
         raise invalid(
             "Value for parameter RedrivePolicy is invalid. Reason: Dead letter target does not"
             " exist."
@@ -320,24 +323,27 @@ async def list_queue_tags(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     return {"Tags": tags} if tags else {}
 
 
+def _sources(b: Any, dlq: str) -> list[str]:
+    """The queues whose RedrivePolicy names ``dlq`` (a read of every topic: rare calls)."""
+    out = []
+    for t in sorted(b.list_topics()):
+        try:
+            g = b.group_stats(t, q.GROUP)
+        except BrokerError:  # (no default group: not a queue)
+            continue
+        if g["config"].get("dead_letter_topic") == dlq and g["config"].get("max_attempts"):
+            out.append(t)
+    return out
+
+
 async def list_dead_letter_source_queues(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     name = _queue(p)
     ctx.who.require(TOPIC, name)
     await _stats(ctx, name)
     limit = _int(p, "MaxResults", 1, 1000, None)
 
-    def sources(b: Any) -> list[str]:
-        out = []
-        for t in sorted(b.list_topics()):
-            try:
-                g = b.group_stats(t, q.GROUP)
-            except Exception:  # (no default group: not a queue)
-                continue
-            if g["config"].get("dead_letter_topic") == name and g["config"].get("max_attempts"):
-                out.append(t)
-        return out
-
-    names = [n for n in await ctx.svc.read_latest(sources) if ctx.who.may(TOPIC, n)]
+    names = [n for n in await ctx.svc.read_latest(lambda b: _sources(b, name))
+             if ctx.who.may(TOPIC, n)]  # fmt: skip
     after = ""
     if p.get("NextToken"):
         try:
@@ -367,13 +373,11 @@ async def start_message_move_task(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]
     stats = await _stats(ctx, dlq)
     if p.get("DestinationArn"):
         dest = q.name_from_arn(p["DestinationArn"], "DestinationArn")
-        heads = await ctx.svc.read_latest(lambda b: b.peek(dlq, None, 1000))
-        origins = {m["headers"].get(sqsmsg.DLQ_PREFIX + "topic") for m in heads}
-        if origins - {dest}:
+        if await ctx.svc.read_latest(lambda b: _sources(b, dlq)) != [dest]:
             raise SqsError(
                 "UnsupportedOperation",
                 "raftq moves dead letters back to the queues they came from only: omit"
-                " DestinationArn, or name the one source queue",
+                " DestinationArn, or name the one queue that dead-letters here",
             )
     _int(p, "MaxNumberOfMessagesPerSecond", 1, 500, None)
     to_move = next(g["pending"] for g in stats["groups"] if g["group"] == q.GROUP)

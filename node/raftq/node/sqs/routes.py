@@ -16,6 +16,8 @@ from raftq.node.service import BrokerService
 from raftq.node.sqs.credentials import secret_access_key
 from raftq.node.sqs.frontend import ADMIN_KEY, FORWARD_PATH, Frontend
 
+__all__ = ["FORWARD_PATH", "ROUTES"]
+
 
 def frontend(svc: BrokerService, app: web.Application) -> Frontend:
     return Frontend(svc, app[FORWARDER], app[AUTHN])

@@ -3,11 +3,11 @@
 Both forms SDKs use: the ``Authorization: AWS4-HMAC-SHA256 Credential=..., SignedHeaders=...,
 Signature=...`` header, and a presigned URL (``X-Amz-Algorithm``, ``X-Amz-Credential``,
 ``X-Amz-Date``, ``X-Amz-Expires``, ``X-Amz-SignedHeaders``, ``X-Amz-Signature`` in the query;
-its payload is ``UNSIGNED-PAYLOAD``). A request is refused as SQS refuses it: a malformed or
-incomplete signature (``IncompleteSignature``), none at all (``MissingAuthenticationToken``), an
-unknown access key (``InvalidClientTokenId``), a signature that does not match
-(``SignatureDoesNotMatch``), a date more than 15 minutes from now or a presigned URL past its
-expiry (``RequestExpired``).
+no body: its payload hash is the empty body's, or ``UNSIGNED-PAYLOAD``). A request is refused
+as SQS refuses it: a malformed or incomplete signature (``IncompleteSignature``), none at all
+(``MissingAuthenticationToken``), an unknown access key (``InvalidClientTokenId``), a
+signature that does not match (``SignatureDoesNotMatch``), a date more than 15 minutes from
+now or a presigned URL past its expiry (``RequestExpired``).
 
 Hand-written: PyPI has SigV4 *signers* (botocore, requests-aws4auth) but no maintained
 verifier; the canonical request follows AWS's documented algorithm, and the tests check it
@@ -184,7 +184,7 @@ def _check(
     amz_date: str,
     signed_headers: list[str],
     signature: str,
-    payload_hash: str,
+    payload_hashes: tuple[str, ...],
     drop_query: str | None,
     secret_for: Callable[[str], str | None],
 ) -> None:
@@ -200,15 +200,18 @@ def _check(
         raise SigError(
             "InvalidClientTokenId", "The security token included in the request is invalid."
         )
-    creq = canonical_request(req, signed_headers, payload_hash, drop_query)
-    sts = string_to_sign(amz_date, scope, creq)
-    expected = hmac.new(signing_key(secret, date, region), sts.encode(), hashlib.sha256)
-    if not hmac.compare_digest(expected.hexdigest(), signature.lower()):
-        raise SigError(
-            "SignatureDoesNotMatch",
-            "The request signature we calculated does not match the signature you provided."
-            " Check your AWS Secret Access Key and signing method.",
-        )
+    key = signing_key(secret, date, region)
+    for payload_hash in payload_hashes:
+        creq = canonical_request(req, signed_headers, payload_hash, drop_query)
+        sts = string_to_sign(amz_date, scope, creq)
+        expected = hmac.new(key, sts.encode(), hashlib.sha256)
+        if hmac.compare_digest(expected.hexdigest(), signature.lower()):
+            return
+    raise SigError(
+        "SignatureDoesNotMatch",
+        "The request signature we calculated does not match the signature you provided."
+        " Check your AWS Secret Access Key and signing method.",
+    )
 
 
 def _verify_header(
@@ -244,7 +247,7 @@ def _verify_header(
         raise SigError("SignatureDoesNotMatch", "x-amz-content-sha256 does not match the body")
     signed = fields["SignedHeaders"].split(";")
     _check(
-        req, access_key, date, region, scope, amz_date, signed, fields["Signature"], payload,
+        req, access_key, date, region, scope, amz_date, signed, fields["Signature"], (payload,),
         None, secret_for,
     )  # fmt: skip
     return Signed(access_key, region, False)
@@ -277,10 +280,14 @@ def _verify_presigned(
             "RequestExpired", f"Request has expired: the presigned URL expired at {amz_date}"
             f" + {expires_text} s",
         )  # fmt: skip
+    if req.body:  # (nothing of a presigned request may be outside what it signed)
+        raise SigError("SignatureDoesNotMatch", "a presigned request has no body")
     signed = query["X-Amz-SignedHeaders"].split(";")
+    # botocore signs an empty body's hash; AWS's documentation names UNSIGNED-PAYLOAD.
+    payloads = (hashlib.sha256(b"").hexdigest(), UNSIGNED_PAYLOAD)
     _check(
         req, access_key, date, region, scope, amz_date, signed, query["X-Amz-Signature"],
-        UNSIGNED_PAYLOAD, "X-Amz-Signature", secret_for,
+        payloads, "X-Amz-Signature", secret_for,
     )  # fmt: skip
     return Signed(access_key, region, True)
 
