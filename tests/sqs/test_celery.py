@@ -198,3 +198,29 @@ def test_celery_worker_runs_every_task_while_the_leader_is_killed(
         f"({sum(1 for c in ran.values() if c > 1)} tasks ran more than once); "
         f"sends retried by the producer: {producer.resent}; {time.monotonic() - t0:.1f} s"
     )
+
+
+def test_a_receive_that_no_leader_answers_is_empty_not_a_5xx(tmp_path: Path) -> None:
+    """What keeps Celery polling through an election: kombu's async client stops polling a
+    queue for good after a 5xx answer to ReceiveMessage, so a follower that cannot reach a
+    leader answers a receive, once its long poll's time is up, with no messages."""
+    from botocore.exceptions import ClientError
+
+    cluster = SqsCluster(tmp_path, 3)
+    try:
+        cluster.start()
+        survivor = cluster.followers()[0]
+        sqs = cluster.client(survivor, max_attempts=1)
+        url = sqs.create_queue(QueueName=f"q-{uuid.uuid4().hex[:10]}")["QueueUrl"]
+        for nid in list(cluster.nodes):
+            if nid != survivor:
+                cluster.kill(nid)  # no quorum: no leader until they come back
+        t = time.monotonic()
+        got = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=2, MaxNumberOfMessages=10)
+        assert "Messages" not in got
+        assert 1.5 <= time.monotonic() - t < 15  # it waited for a leader, as a long poll
+        with pytest.raises(ClientError) as e:  # anything else says it could not be done
+            sqs.send_message(QueueUrl=url, MessageBody="x")
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+    finally:
+        cluster.close()
