@@ -294,3 +294,29 @@ async def test_cli_token_commands_and_a_token_of_ones_own(server: tuple[LocalRaf
         assert code == EXIT_OK and out.startswith("rq_admin.") and len(out.strip()) > 40
 
     await asyncio.to_thread(work)
+
+
+async def test_ordering_keys_pass_through_both_clients(server: tuple[LocalRaft, str]) -> None:
+    """``ordering_key`` on publish (keyword, batch dicts, sync twin) reaches the broker, and
+    received messages expose it with their first receive time."""
+    _, url = server
+    topic = name()
+    async with AsyncClient(url) as c:
+        await c.create_topic(topic, groups=[{"group": "g", "config": {"ordered": True}}])
+        await c.publish(topic, b"1", ordering_key="k")
+        await c.publish_batch(topic, [{"payload": b"2", "ordering_key": "k"}, b"3"])
+        first = await c.receive(topic, "g", max=10, wait=1)
+        assert [(m.seq, m.ordering_key) for m in first] == [(1, "k"), (2, "k"), (3, None)]
+        assert first[0].first_received_at_ms > 0
+        await c.publish(topic, b"4", ordering_key="k")
+        assert await c.receive(topic, "g", max=10) == []  # 1 and 2 of "k" are in flight
+        assert [m.get("ordering_key") for m in await c.peek(topic)] == ["k", "k", None, "k"]
+
+    def sync_publish() -> int:
+        with Client(url) as s:
+            return s.publish(topic, b"5", ordering_key="j")
+
+    assert await asyncio.to_thread(sync_publish) == 5
+    async with AsyncClient(url) as c:
+        [m] = await c.receive(topic, "g", max=10)
+        assert (m.seq, m.ordering_key) == (5, "j")

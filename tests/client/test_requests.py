@@ -48,6 +48,7 @@ TABLE: dict[str, tuple[Callable[[], core.Request], str, bool, bool]] = {
     # a resent create could make a second token, and the first one's secret would be lost
     "create_token": (lambda: rq.create_token("ci", [], False, None), "POST", False, False),
     "list_tokens": (lambda: rq.list_tokens(), "GET", True, False),
+    "sqs_credentials": (lambda: rq.sqs_credentials(), "GET", True, False),
     "token": (lambda: rq.token("abc"), "GET", True, False),
     "update_token": (lambda: rq.update_token("abc", {"disabled": True}), "PATCH", True, False),
     "revoke_token": (lambda: rq.revoke_token("abc"), "DELETE", True, False),

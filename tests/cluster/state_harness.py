@@ -109,10 +109,29 @@ def check_invariants(b: Broker) -> None:
             assert set(g.inflight) <= set(g.held) and set(g.delayed) <= set(g.held)
             assert not set(g.inflight) & set(g.delayed)
             ready = set(g.held) - set(g.inflight) - set(g.delayed)
-            assert ready <= set(g.ready), (t.name, g.name)
+            queued = [s for s in g.ready if g.is_ready(s)]
+            assert len(queued) == len(set(queued)), (t.name, g.name, "queued twice")
+            delivered = {s for s, a in g.held.items() if a}
+            assert set(g.first) == delivered - set(g.inflight), (t.name, g.name)
+            if g.kq is None:
+                assert ready <= set(g.ready), (t.name, g.name)
+            else:
+                # an ordered group: kq is every held seq by key, sorted; of the keyed ready
+                # ones, exactly the first of each key is queued
+                kq: dict[str, list[int]] = {}
+                for s in sorted(g.held):
+                    m = t.get(s)
+                    if m is not None and len(m) > 3:
+                        kq.setdefault(m[3], []).append(s)
+                assert g.kq == kq, (t.name, g.name, g.kq, kq)
+                heads = {q[0] for q in kq.values()}
+                for s in ready:
+                    m = t.get(s)
+                    keyed = m is not None and len(m) > 3
+                    assert (s in queued) == (not keyed or s in heads), (t.name, g.name, s)
             for s in g.held:
                 assert t.get(s) is not None and (s < g.cursor or s in g.skip)
-            for s, (consumer, _, deadline) in g.inflight.items():
+            for s, (consumer, _, deadline, _) in g.inflight.items():
                 assert s in g.by_consumer[consumer]
                 assert (deadline, t.name, g.name, s) in deadlines
             for s, due in g.delayed.items():

@@ -65,6 +65,7 @@ def test_topic_config_defaults(h: Harness) -> None:
         "overflow": "reject",
         "max_age": None,
         "dedup_window": 120,
+        "labels": {},
     }
 
 
@@ -75,6 +76,7 @@ def test_group_config_defaults(h: Harness) -> None:
         "max_attempts": 5,
         "backoff": [],
         "dead_letter_topic": "t.dlq",
+        "ordered": False,
     }
 
 

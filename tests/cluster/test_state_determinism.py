@@ -53,6 +53,7 @@ def make_log(seed: int, entries: int) -> list[bytes]:
                         "visibility_timeout": rng.choice([1, 2.5, 5]),
                         "max_attempts": rng.choice([0, 1, 1, 2, 3]),
                         "backoff": rng.choice([[], [0.5], [1, 2]]),
+                        "ordered": rng.random() < 0.5,
                     },
                 }
                 for g in gs
@@ -75,6 +76,8 @@ def make_log(seed: int, entries: int) -> list[bytes]:
                     m["delay"] = rng.choice([0.3, 1, 4])
                 if rng.random() < 0.2:
                     m["headers"] = {f"h{rng.randint(0, 9)}": "v" for _ in range(3)}
+                if rng.random() < 0.5:
+                    m["ordering_key"] = f"o{rng.randint(0, 3)}"
                 msgs.append(m)
             return {"op": "publish", "topic": t, "messages": msgs}
         if r < 0.55:
@@ -115,9 +118,17 @@ def make_log(seed: int, entries: int) -> list[bytes]:
             start = rng.choice(["earliest", "latest"])
             return {"op": "create_group", "topic": t, "group": name, "start": start}
         if r < 0.93:
-            return {"op": "update_group", "topic": t, "group": g, "config": {"max_attempts": 2}}
+            gcfg: dict[str, Any] = {"max_attempts": 2}
+            if rng.random() < 0.5:
+                gcfg = {"ordered": rng.random() < 0.5}
+            return {"op": "update_group", "topic": t, "group": g, "config": gcfg}
         if r < 0.94:
-            config = {"max_age": rng.choice([None, 2, 30]), "dedup_window": rng.choice([1, 3, 10])}
+            config: dict[str, Any] = {
+                "max_age": rng.choice([None, 2, 30]),
+                "dedup_window": rng.choice([1, 3, 10]),
+            }
+            if rng.random() < 0.3:
+                config = {"labels": {f"l{i}": "v" * i for i in range(rng.randint(0, 3))}}
             return {"op": "update_topic", "topic": t, "config": config}
         if r < 0.95:
             return {"op": rng.choice(["nope", "publish", "receive"]), "topic": 7}
@@ -223,9 +234,14 @@ def test_the_random_log_keeps_the_bookkeeping_consistent_and_exercises_every_pat
     """Internal invariants hold after every entry; and the generator reaches the interesting
     paths (a log that never dead-letters or times out proves little)."""
     b = Broker()
+    blocked = 0  # most messages an ordered group held back at once behind their key
     for data in make_log(1, 800):
         apply_entry(b, data)
         check_invariants(b)
+        for topic in b.topics.values():
+            for g in topic.groups.values():
+                if g.kq is not None:
+                    blocked = max(blocked, sum(len(q) - 1 for q in g.kq.values()))
     totals: dict[str, int] = {}
     for t in TOPICS:
         for g in b.topic_stats(t)["groups"]:
@@ -236,3 +252,4 @@ def test_the_random_log_keeps_the_bookkeeping_consistent_and_exercises_every_pat
         assert totals[k] > 10, (k, totals)
     assert any(t.endswith(".dlq") for t in b.list_topics())
     assert b.tokens(), "some tokens are left for the snapshots to carry"
+    assert blocked > 3, blocked

@@ -9,7 +9,12 @@ broker's answers and statistics must agree with it, and these invariants must ho
   equals published, per group (dropped by retention or drop_oldest, purged by purge: counted);
 - attempts never decrease (each delivery is the previous attempt + 1);
 - a message is dead-lettered exactly when a failed attempt used up max_attempts, or on term;
-- snapshot -> restore is an exact round trip, and the restored broker carries on.
+- snapshot -> restore is an exact round trip, and the restored broker carries on;
+- in the ordered group ``o`` (while ``ordered``), a message is delivered only with every
+  earlier unsettled message of its ordering key in the same receive, before it, and a receive
+  that returns fewer than asked leaves nothing deliverable behind (which messages it picks is
+  the broker's choice, so the model checks the choice instead of predicting it);
+- deliveries carry their ordering key and the time of their first delivery in the group.
 
 ``RAFTQ_STATEFUL_EXAMPLES`` raises the number of runs for a longer, randomized local soak;
 ``RAFTQ_STATEFUL_SHRINK=1`` shrinks a failure to a minimal example (slow).
@@ -35,7 +40,9 @@ GROUPS = {
     # group: (visibility_ms, max_attempts, backoff_s, has a dead-letter topic)
     "a": (5000, 2, [0, 2], True),
     "b": (3000, 0, [], False),
+    "o": (4000, 3, [0, 1], True),  # ordered (see BrokerMachine.toggle_ordered)
 }
+ORDERED = "o"
 SETTLED = ("acked", "dead", "dropped", "purged")
 LIVE = ("fresh", "ready", "delayed", "inflight")
 DEDUP_MS = 5000
@@ -53,7 +60,7 @@ COUNTERS = (
 
 
 class Entry:
-    __slots__ = ("attempts", "consumer", "deadline", "due", "receipt", "status")
+    __slots__ = ("attempts", "consumer", "deadline", "due", "first", "receipt", "status")
 
     def __init__(self, status: str) -> None:
         self.status = status
@@ -62,6 +69,7 @@ class Entry:
         self.receipt = ""
         self.deadline = 0
         self.due = 0
+        self.first = 0  # now of the first delivery
 
 
 class Model:
@@ -78,6 +86,8 @@ class Model:
         self.dedup: dict[str, tuple[int, int]] = {}
         self.dlq: list[tuple[str, ...]] = []  # (seq, attempts, reason) in DLQ order
         self.receipts: dict[str, tuple[str, int, int]] = {}
+        self.okeys: dict[int, str] = {}  # seq -> ordering key
+        self.ordered = True  # group ORDERED's config
 
     # -- helpers
     def retained(self) -> list[int]:
@@ -150,11 +160,13 @@ class Model:
                 self.drop(s)
 
     # -- commands; return what the broker must answer
-    def publish(self, messages: list[tuple[str | None, int | None]]) -> list[tuple[int, bool]]:
+    def publish(
+        self, messages: list[tuple[str | None, int | None, str | None]]
+    ) -> list[tuple[int, bool]]:
         out: list[tuple[int, bool]] = []
-        staged: list[tuple[str | None, int | None]] = []
+        staged: list[tuple[str | None, int | None, str | None]] = []
         batch: dict[str, int] = {}
-        for key, delay in messages:
+        for key, delay, okey in messages:
             if key is not None:
                 prior = self.dedup.get(key)
                 if prior is not None and prior[1] > self.now:
@@ -165,16 +177,18 @@ class Model:
                     continue
                 batch[key] = len(staged)
             out.append((self.next_seq + len(staged), False))
-            staged.append((key, delay))
+            staged.append((key, delay, okey))
         count = len(self.retained())
         if count + len(staged) > self.max_messages and (
             self.overflow == "reject" or len(staged) > self.max_messages
         ):
             raise E.TopicFull("full")
-        for key, delay in staged:
+        for key, delay, okey in staged:
             seq = self.next_seq
             self.next_seq += 1
             self.published_at[seq] = self.now
+            if okey is not None:
+                self.okeys[seq] = okey
             if key is not None:
                 self.dedup[key] = (seq, self.now + DEDUP_MS)
             for g in GROUPS:
@@ -191,12 +205,48 @@ class Model:
             picked.append(self.ready[g].pop(0))
         fresh = sorted(s for s, e in self.st[g].items() if e.status == "fresh")
         picked += fresh[: n - len(picked)]
+        return self.deliver(g, consumer, picked, vis_ms)
+
+    def check_ordered_choice(self, g: str, n: int, picked: list[int]) -> None:
+        """The broker's choice of ``picked`` in ordered group ``g`` follows the rules."""
+        entries = self.st[g]
+        assert len(picked) <= n and len(set(picked)) == len(picked)
+        earlier: set[int] = set()
+        for s in picked:
+            assert entries[s].status in ("fresh", "ready"), (s, entries[s].status)
+            key = self.okeys.get(s)
+            if key is not None:
+                behind = [
+                    x
+                    for x, e in entries.items()
+                    if x < s and e.status in LIVE and self.okeys.get(x) == key
+                ]
+                assert all(x in earlier for x in behind), (s, key, behind, picked)
+            earlier.add(s)
+        if len(picked) < n:  # nothing deliverable left behind
+            for s, e in entries.items():
+                if e.status not in ("fresh", "ready") or s in earlier:
+                    continue
+                key = self.okeys.get(s)
+                assert key is not None, ("left behind", s)
+                assert any(
+                    x < s and ex.status in LIVE and x not in earlier and self.okeys.get(x) == key
+                    for x, ex in entries.items()
+                ), ("left behind", s, key, picked)
+
+    def deliver(
+        self, g: str, consumer: str, picked: list[int], vis_ms: int | None
+    ) -> list[tuple[int, int]]:
         deadline = self.now + (vis_ms if vis_ms is not None else GROUPS[g][0])
         self.counters[g]["delivered"] += len(picked)
         out = []
         for s in picked:
             e = self.st[g][s]
             assert e.status in ("fresh", "ready")  # never an acked (or settled) message
+            if s in self.ready[g]:
+                self.ready[g].remove(s)
+            if not e.attempts:
+                e.first = self.now
             e.attempts += 1
             e.status, e.consumer, e.deadline = "inflight", consumer, deadline
             out.append((s, e.attempts))
@@ -240,6 +290,7 @@ class BrokerMachine(RuleBasedStateMachine):
             "max_age": max_age,
             "dedup_window": DEDUP_MS / 1000,
         }
+        groups[-1]["config"]["ordered"] = True  # type: ignore[index]
         self.apply("create_topic", topic="t", config=config, groups=groups)
 
     @rule(
@@ -247,17 +298,20 @@ class BrokerMachine(RuleBasedStateMachine):
             st.tuples(
                 st.sampled_from([None, None, "k1", "k2", "k3"]),
                 st.sampled_from([None, None, None, 500, 2500]),
+                st.sampled_from([None, "x", "x", "y"]),  # ordering key
             ),
             min_size=1,
             max_size=3,
         )
     )
-    def publish(self, messages: list[tuple[str | None, int | None]]) -> None:
+    def publish(self, messages: list[tuple[str | None, int | None, str | None]]) -> None:
         cmd_msgs: list[dict[str, Any]] = []
-        for i, (key, delay) in enumerate(messages):
+        for i, (key, delay, okey) in enumerate(messages):
             m: dict[str, Any] = {"payload": b"m%d" % i}
             if key is not None:
                 m["key"] = key
+            if okey is not None:
+                m["ordering_key"] = okey
             if delay is not None:
                 m["delay"] = delay / 1000
             cmd_msgs.append(m)
@@ -281,7 +335,7 @@ class BrokerMachine(RuleBasedStateMachine):
         vis=st.sampled_from([None, None, 1000, 8000]),
     )
     def receive(self, g: str, consumer: str, n: int, vis: int | None) -> None:
-        expected = self.model.receive(g, consumer, n, vis)
+        expected = None if g == ORDERED else self.model.receive(g, consumer, n, vis)
         self.tokens += 1
         fields: dict[str, Any] = {
             "topic": "t",
@@ -294,6 +348,11 @@ class BrokerMachine(RuleBasedStateMachine):
             fields["visibility"] = vis / 1000
         res = self.apply("receive", **fields)
         got = [(d["seq"], d["attempt"]) for d in res["deliveries"]]
+        if expected is None:
+            picked = [s for s, _ in got]
+            if self.model.ordered:
+                self.model.check_ordered_choice(g, n, picked)
+            expected = self.model.deliver(g, consumer, picked, vis)
         assert got == expected, (got, expected)
         for seq, attempt in got:  # attempts only ever grow, by one per delivery
             assert attempt == self.last_attempt.get((g, seq), 0) + 1
@@ -303,6 +362,16 @@ class BrokerMachine(RuleBasedStateMachine):
             e.receipt = d["receipt"]
             self.model.receipts[d["receipt"]] = (g, d["seq"], d["attempt"])
             assert d["deadline"] == e.deadline
+            assert d["first_received_at"] == e.first
+            assert d.get("ordering_key") == self.model.okeys.get(d["seq"])
+
+    @rule(on=st.booleans(), rare=st.integers(0, 3))
+    def toggle_ordered(self, on: bool, rare: int) -> None:
+        if rare:
+            return
+        self.model.ordered = on
+        res = self.apply("update_group", topic="t", group=ORDERED, config={"ordered": on})
+        assert res["config"]["ordered"] is on
 
     def _pick(self, data: st.DataObject, most: int) -> list[str]:
         receipts = sorted(self.model.receipts)[-40:]

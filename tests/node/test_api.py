@@ -683,3 +683,46 @@ async def test_a_node_whose_raft_stopped_answers_503_not_500(
     monkeypatch.setattr(raft, "read_barrier", stopped)
     r = await client.get(f"/topics/{topic}")
     assert r.status == 503 and (await r.json())["code"] == "shutting_down"
+
+
+async def test_ordering_keys_ordered_groups_and_labels_over_http(
+    node: tuple[LocalRaft, Client],
+) -> None:
+    """SQS FIFO support on the native API: ``ordering_key`` in (JSON and msgpack) and out,
+    ``ordered`` on a group, ``labels`` on a topic; bad ones are a 400 naming the field."""
+    _, client = node
+    topic = await make_topic(
+        client,
+        config={"labels": {"team": "a"}},
+        groups=[{"group": "fifo", "config": {"ordered": True}}],
+    )
+    stats = await (await client.get(f"/topics/{topic}")).json()
+    assert stats["config"]["labels"] == {"team": "a"}
+    assert stats["groups"][0]["config"]["ordered"] is True
+    await post(client, f"/topics/{topic}/messages", {"text": "1", "ordering_key": "k"})
+    hdr = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+    body = msgpack.packb({"messages": [{"payload": b"2", "ordering_key": "k"}, {"payload": b"3"}]})
+    r = await client.post(f"/topics/{topic}/publish", data=body, headers=hdr)
+    assert r.status == 200, await r.read()
+    got = await post(client, f"/topics/{topic}/groups/fifo/receive", {"max": 1})
+    [d] = got["deliveries"]
+    assert d["ordering_key"] == "k" and d["first_received_at"] > 0
+    got = await post(client, f"/topics/{topic}/groups/fifo/receive", {"max": 10})
+    assert [x["seq"] for x in got["deliveries"]] == [3]  # 2 waits for 1 (same key)
+    assert "ordering_key" not in got["deliveries"][0]
+    peeked = (await (await client.get(f"/topics/{topic}/messages?from_seq=1")).json())["messages"]
+    assert [m.get("ordering_key") for m in peeked] == ["k", "k", None]
+    cfg = await client.patch(f"/topics/{topic}", json={"config": {"labels": {"b": "c"}}})
+    assert (await cfg.json())["config"]["labels"] == {"b": "c"}, cfg.status
+    for path, bad, field in [
+        (f"/topics/{topic}/messages", {"text": "x", "ordering_key": ""}, "ordering_key"),
+        (f"/topics/{topic}/messages", {"text": "x", "ordering_key": 5}, "ordering_key"),
+        ("/topics", {"topic": name(), "config": {"labels": {"k": 1}}}, "labels"),
+        (
+            "/topics",
+            {"topic": name(), "groups": [{"group": "g", "config": {"ordered": 1}}]},
+            "ordered",
+        ),
+    ]:
+        err = await post(client, path, bad, 400)
+        assert err["details"]["field"].endswith(field), err

@@ -10,16 +10,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from raftq.cluster import validate
 from tests.sqs.conftest import SqsCluster
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        "labels" not in validate.TOPIC_FIELDS,
-        reason="needs the state machine's ordering keys and topic labels (issue 24, i24-fifo)",
-    ),
-]
+pytestmark = pytest.mark.slow
 
 
 def code(e: pytest.ExceptionInfo[ClientError]) -> str:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from raftq.node.local import LocalRaft
 from raftq.node.sqs import message, wire
 from raftq.node.sqs.actions import ACTIONS
+from raftq.node.sqs.listener import build_sqs_app
 from tests.node.inprocess import app
 
 scalars = (
@@ -140,3 +141,27 @@ def test_message_attribute_md5_matches_published_vectors() -> None:
     for attrs, digest in vectors:
         assert message.md5_attributes(attrs) == digest
     assert message.md5_body("hello") == "5d41402abc4b2a76b9719d911017c592"
+
+
+async def test_a_query_request_sent_to_a_queue_url_names_that_queue() -> None:
+    """kombu posts a queue's actions to the queue's URL, without a QueueUrl parameter."""
+    api = app(LocalRaft(), auth=False)
+    async with TestClient(TestServer(api)) as client:
+        r = await client.post(
+            "/sqs",
+            data=json.dumps({"QueueName": "q"}),
+            headers={
+                "X-Amz-Target": "AmazonSQS.CreateQueue",
+                "Content-Type": wire.JSON_CONTENT_TYPE,
+            },
+        )
+        assert r.status == 200
+        async with TestClient(TestServer(build_sqs_app(api))) as sqs:
+            form = {"Content-Type": "application/x-www-form-urlencoded"}
+            r = await sqs.post("/000000000000/q", data="Action=SendMessage&MessageBody=hi",
+                               headers=form)  # fmt: skip
+            assert r.status == 200, await r.text()
+            r = await sqs.post("/000000000000/q", data="Action=ReceiveMessage", headers=form)
+            assert "<Body>hi</Body>" in await r.text()
+            r = await sqs.post("/", data="Action=ReceiveMessage", headers=form)
+            assert r.status == 400 and "<Code>MissingParameter</Code>" in await r.text()

@@ -749,10 +749,13 @@ class AsyncClient:
         headers: Mapping[str, str] | None = None,
         key: str | None = None,
         delay: float | None = None,
+        ordering_key: str | None = None,
     ) -> int:
         """Publish one message; returns its sequence number once it is committed. Retries are
-        deduplicated. Concurrent calls share batch requests (see ``_coalesce``)."""
-        message = core.message_body(self.producer, payload, headers, key, delay)
+        deduplicated. Concurrent calls share batch requests (see ``_coalesce``).
+        ``ordering_key``: a group with ``ordered: true`` delivers the messages of one key one
+        held run at a time, in order (SQS FIFO message groups)."""
+        message = core.message_body(self.producer, payload, headers, key, delay, ordering_key)
         seq: int = await self._coalescer(topic).submit(message)
         return seq
 
@@ -764,12 +767,13 @@ class AsyncClient:
         headers: Mapping[str, str] | None = None,
         key: str | None = None,
         delay: float | None = None,
+        ordering_key: str | None = None,
     ) -> asyncio.Future[int]:
         """Like ``publish``, without waiting for the answer: returns a future of the sequence
         number (as nats.py's JetStream ``publish_async``). Outstanding messages share batch
         requests. Returns at once unless ``max_pending`` messages (the constructor's) await
         their answers: it then waits until one is answered (back-pressure)."""
-        message = core.message_body(self.producer, payload, headers, key, delay)
+        message = core.message_body(self.producer, payload, headers, key, delay, ordering_key)
         await self._pending.room()
         fut: asyncio.Future[int] = self._coalescer(topic).submit_nowait(message)
         return fut
@@ -787,7 +791,8 @@ class AsyncClient:
         return coalescer
 
     async def publish_batch(self, topic: str, messages: Sequence[Any]) -> list[int]:
-        """Publish payloads (or dicts with payload/headers/key/delay) as one request."""
+        """Publish payloads (or dicts with payload/headers/key/delay/ordering_key) as one
+        request."""
         body = core.batch_body(self.producer, messages)
         res = await self._publish(topic, body["messages"])
         return [int(m["seq"]) for m in res["messages"]]

@@ -451,6 +451,7 @@ def message_body(
     headers: Mapping[str, str] | None = None,
     key: str | None = None,
     delay: float | None = None,
+    ordering_key: str | None = None,
 ) -> dict[str, Any]:
     if isinstance(payload, str):
         payload = payload.encode()
@@ -461,16 +462,26 @@ def message_body(
         m["headers"] = dict(headers)
     if delay is not None:
         m["delay"] = delay
+    if ordering_key is not None:
+        m["ordering_key"] = ordering_key
     return m
 
 
 def batch_body(producer: Producer, messages: Sequence[Any]) -> dict[str, Any]:
-    """``messages``: payloads, or dicts with payload / headers / key / delay."""
+    """``messages``: payloads, or dicts with payload / headers / key / delay /
+    ordering_key."""
     out = []
     for m in messages:
         if isinstance(m, Mapping):
             out.append(
-                message_body(producer, m["payload"], m.get("headers"), m.get("key"), m.get("delay"))
+                message_body(
+                    producer,
+                    m["payload"],
+                    m.get("headers"),
+                    m.get("key"),
+                    m.get("delay"),
+                    m.get("ordering_key"),
+                )
             )
         else:
             out.append(message_body(producer, m))

@@ -12,8 +12,10 @@ class Delivery:
     __slots__ = (
         "attempt",
         "deadline_ms",
+        "first_received_at_ms",
         "group",
         "headers",
+        "ordering_key",
         "payload",
         "published_at_ms",
         "receipt",
@@ -33,6 +35,10 @@ class Delivery:
         self.headers: dict[str, str] = dict(data.get("headers") or {})
         self.published_at_ms: int = int(data.get("published_at") or 0)
         self.deadline_ms: int = int(data.get("deadline") or 0)
+        # (0 from a node that does not tell)
+        self.first_received_at_ms: int = int(data.get("first_received_at") or 0)
+        okey = data.get("ordering_key")
+        self.ordering_key: str | None = None if okey is None else str(okey)
         self.settled = False
 
     @property

@@ -366,8 +366,9 @@ class Client:
         headers: Mapping[str, str] | None = None,
         key: str | None = None,
         delay: float | None = None,
+        ordering_key: str | None = None,
     ) -> int:
-        body = core.message_body(self.producer, payload, headers, key, delay)
+        body = core.message_body(self.producer, payload, headers, key, delay, ordering_key)
         res = self.request(rq.publish(topic, body))
         return int(res["seq"])
 

@@ -156,6 +156,7 @@ class PeekedMessage(TypedDict):
     payload: bytes
     headers: NotRequired[dict[str, str]]
     published_at: NotRequired[int]
+    ordering_key: NotRequired[str]
 
 
 class Redriven(TypedDict):

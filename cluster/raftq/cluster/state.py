@@ -12,7 +12,10 @@ Per group, a message is in exactly one state:
 - *fresh*: ``seq >= cursor``, not in ``skip``, and (below the group's ``pin``) still retained
   (pending, never delivered; ``fresh`` counts them);
 - *held*: in ``held`` (``seq -> attempts so far``), and then exactly one of in flight
-  (``inflight``), delayed (``delayed``) or ready for redelivery (queued in ``ready``);
+  (``inflight``), delayed (``delayed``) or ready for redelivery (queued in ``ready``; in an
+  ordered group a keyed one is queued only once it is first of its key: see ``kq`` and the
+  "ordered groups" section). The time of its first delivery (``first_received_at``) is in
+  its inflight entry while in flight, else in ``first`` (a failed one waiting to go again);
 - *settled*: everything else (acked, dead-lettered, dropped, or not addressed to this group).
 
 A topic keeps its retained messages in a list indexed by ``seq - first_seq`` plus a parallel list
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -58,9 +62,11 @@ from raftq.cluster.errors import (
 from raftq.cluster.grants import check_grants, check_patterns, matches
 
 # 2: topics carry their running publish delays; 3: dedup keys per publish; 4: API tokens,
-# written only when there is one (else 3, which nodes without tokens can still install).
-SNAPSHOT_VERSION = 4
-READABLE_SNAPSHOTS = (2, 3, 4)
+# written only when there is one (else 3, which nodes without tokens can still install);
+# 5: ordering keys, ordered groups, topic labels and first-receive times, written only when one
+# of them is in the state (else 3 or 4).
+SNAPSHOT_VERSION = 5
+READABLE_SNAPSHOTS = (2, 3, 4, 5)
 DEFAULT_GROUP = v.DEFAULT_GROUP
 DLQ_PREFIX = "x-raftq-dlq-"
 REDRIVE_HEADER = "x-raftq-redrives"
@@ -76,8 +82,17 @@ TOKEN_REVOKE_FIELDS = frozenset(["op", "now", "id"])
 COMPACT_SLACK = 4096  # stale deadline entries tolerated beyond twice the live ones
 EXPIRY_SLACK = 1024  # the same for the per-topic expiry heaps (_Expiry)
 
-# A retained message: (payload, published_at_ms, headers or None).
-Msg = tuple[bytes, int, dict[str, str] | None]
+# A retained message: (payload, published_at_ms, headers or None), plus its ordering key as a
+# fourth item when it has one (so that messages without one cost what they always did).
+Msg = tuple[Any, ...]
+# At most this many fresh messages an ordered group's receive sets aside because their key is
+# held (see ``Broker._take_ordered``): bounds the work of one receive behind a hot key.
+MAX_BLOCKED_PER_RECEIVE = 10_000
+
+
+def _okey(m: Msg | None) -> str | None:
+    """A retained message's ordering key, if it has one."""
+    return m[3] if m is not None and len(m) > 3 else None
 
 
 class Group:
@@ -87,9 +102,11 @@ class Group:
         "counters",
         "cursor",
         "delayed",
+        "first",
         "fresh",
         "held",
         "inflight",
+        "kq",
         "name",
         "pin",
         "ready",
@@ -106,12 +123,19 @@ class Group:
         self.fresh = 0  # how many messages are fresh
         self.skip: set[int] = set()
         self.held: dict[int, int] = {}
-        # seq -> [consumer, mac, deadline_ms]
+        # seq -> [consumer, mac, deadline_ms, first_received_at_ms]
         self.inflight: dict[int, list[Any]] = {}
         self.delayed: dict[int, int] = {}
         self.ready: deque[int] = deque()
         self.by_consumer: dict[str, dict[int, None]] = {}
         self.counters: dict[str, int] = dict.fromkeys(GROUP_COUNTERS, 0)
+        # seq -> now of its first delivery (first_received_at), for the held messages that
+        # were delivered and are not in flight (in flight, it is in their inflight entry).
+        self.first: dict[int, int] = {}
+        # Ordered groups only (else None): ordering key -> its held seqs, sorted; a key is in
+        # it only while it has held messages. Only a key's first held seq ever sits in
+        # ``ready`` (see ``Broker._take_ordered``).
+        self.kq: dict[str, list[int]] | None = {} if config.get("ordered") else None
 
     def is_ready(self, seq: int) -> bool:
         return seq in self.held and seq not in self.inflight and seq not in self.delayed
@@ -381,6 +405,9 @@ class Broker:
         self._tokens: dict[str, dict[str, Any]] = {}  # id -> record (see _op_token_create)
         self._token_names: dict[str, str] = {}  # name -> id
         self.applied_commands = 0
+        # Set for good once a message with an ordering key is published: from then on the
+        # snapshot is v5 (older nodes could not honour the keys).
+        self._keyed = False
 
     # ------------------------------------------------------------------ entry points
 
@@ -447,7 +474,11 @@ class Broker:
                 g = t.groups.get(gname) if t else None
                 if g is not None and g.delayed.get(seq) == due:
                     del g.delayed[seq]
-                    g.ready.append(seq)
+                    if g.kq is None:
+                        g.ready.append(seq)
+                    else:
+                        assert t is not None
+                        _due_ordered(t, g, seq)
         topics = self.topics
         if self._dedup_expiry.heap and self._dedup_expiry.heap[0][0] <= now:
             for name in self._dedup_expiry.pop_due(now):
@@ -556,7 +587,7 @@ class Broker:
         t = self._topic(cmd)
         t.config = v.topic_config(_config(cmd), t.config)
         self._aging.note(t.name, _age_due(t))  # a shorter max_age: due earlier
-        return {"topic": t.name, "config": dict(t.config)}
+        return {"topic": t.name, "config": v.config_out(t.config, v.TOPIC_OPTIONAL)}
 
     def _op_delete_topic(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
         t = self._topic(cmd)
@@ -598,6 +629,9 @@ class Broker:
                 g.skip.add(seq)
                 g.fresh -= 1
                 heapq.heappush(self._delays, (due, t.name, gname, (seq,)))
+                key = _okey(t.get(seq))
+                if g.kq is not None and key is not None:
+                    g.kq.setdefault(key, []).append(seq)  # (in seq order, as published)
         else:
             g = Group(gname, cfg, t.next_seq)
         t.groups[gname] = g
@@ -607,6 +641,8 @@ class Broker:
         t = self._topic(cmd)
         g = _group(t, cmd.get("group"))
         g.config = v.group_config(t.name, _config(cmd), g.config)
+        if (g.kq is None) == bool(g.config.get("ordered")):
+            _reorder(t, g)
         return {"topic": t.name, "group": g.name, "config": _group_config_out(g)}
 
     def _op_delete_group(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -642,7 +678,8 @@ class Broker:
         dedup = t.dedup
         window = round(cfg["dedup_window"] * 1000)
         # Validate everything first: a rejected batch stores nothing.
-        staged: list[tuple[bytes, dict[str, str] | None, str | None, int]] = []
+        staged: list[tuple[Msg, str | None, int]] = []  # (message, idempotency key, delay)
+        keyed = False
         batch_keys: dict[str, int] = {}
         results: list[dict[str, Any]] = []
         add_bytes = 0
@@ -661,10 +698,13 @@ class Broker:
                     limit=max_size,
                     index=i,
                 )
-            hdrs = m.get("headers")
+            key = m.get("key")
+            # The common shapes, {payload} and {payload, key} (the clients'), have nothing
+            # else to look up (this pays for the ordering key's lookup in the others).
+            plain = len(m) == (1 if key is None else 2)
+            hdrs = None if plain else m.get("headers")
             if hdrs is not None:
                 hdrs = v.headers(hdrs)
-            key = m.get("key")
             if key is not None:
                 v.string(key, "key", v.MAX_KEY_LEN)
                 prior = dedup.get(key) if window else None
@@ -675,10 +715,20 @@ class Broker:
                     results.append({"seq": batch_keys[key], "duplicate": True})
                     continue
                 batch_keys[key] = first + len(staged)
-            delay = m.get("delay")
-            delay_ms = 0 if delay is None else v.seconds_ms(delay, "delay", 0, v.MAX_DELAY_S)
+            if plain:
+                delay_ms = 0
+                msg: Msg = (payload, now, None)
+            else:
+                delay = m.get("delay")
+                delay_ms = 0 if delay is None else v.seconds_ms(delay, "delay", 0, v.MAX_DELAY_S)
+                okey = m.get("ordering_key")
+                if okey is None:
+                    msg = (payload, now, hdrs)
+                else:
+                    msg = (payload, now, hdrs, v.ordering_key(okey, f"messages[{i}].ordering_key"))
+                    keyed = True
             results.append({"seq": first + len(staged), "duplicate": False})
-            staged.append((payload, hdrs, key, delay_ms))
+            staged.append((msg, key, delay_ms))
             add_bytes += size
         max_n, max_b = cfg["max_messages"], cfg["max_bytes"]
         n = len(staged)
@@ -713,10 +763,12 @@ class Broker:
         tmsgs, trefs = t.msgs, t.refs
         n_fresh = n
         keys: list[str] = []
-        for payload, hdrs, key, delay_ms in staged:
+        if keyed:
+            self._keyed = True
+        for msg, key, delay_ms in staged:
             seq = t.next_seq
             t.next_seq = seq + 1
-            tmsgs.append((payload, now, hdrs))
+            tmsgs.append(msg)
             trefs.append(ngroups)
             if key is not None and window:
                 dedup[key] = seq
@@ -731,6 +783,8 @@ class Broker:
                     g.delayed[seq] = due
                     g.skip.add(seq)
                     heapq.heappush(self._delays, (due, t.name, g.name, (seq,)))
+                    if g.kq is not None and len(msg) > 3:
+                        g.kq.setdefault(msg[3], []).append(seq)  # (the highest seq yet)
         if keys:
             heapq.heappush(t.dedup_heap, (now + window, dedup[keys[0]], keys))
             self._dedup_expiry.note(t.name, now + window)
@@ -842,6 +896,10 @@ class Broker:
         if entry is not None:
             self._unbind(t, g, entry[0], seq)
         g.delayed.pop(seq, None)
+        if g.first:
+            g.first.pop(seq, None)
+        if g.kq is not None:
+            _unqueue(t, g, seq)
 
     def _unbind(self, t: Topic, g: Group, consumer: str, seq: int) -> None:
         seqs = g.by_consumer[consumer]
@@ -876,11 +934,14 @@ class Broker:
         out: list[dict[str, Any]] = []
         held, inflight, ready = g.held, g.inflight, g.ready
         seqs: list[int] = []
-        while ready and len(seqs) < n:
-            seq = ready.popleft()
-            if seq in held and seq not in inflight and seq not in g.delayed:
-                seqs.append(seq)
-        if len(seqs) < n and g.fresh:  # an idle group costs O(1), whatever its skip set
+        if g.kq is not None:
+            _take_ordered(t, g, n, seqs)
+        else:
+            while ready and len(seqs) < n:
+                seq = ready.popleft()
+                if seq in held and seq not in inflight and seq not in g.delayed:
+                    seqs.append(seq)
+        if g.kq is None and len(seqs) < n and g.fresh:  # an idle group costs O(1)
             cursor, end, skip, pin = g.cursor, t.next_seq, g.skip, g.pin
             taken = len(seqs)
             n = min(n, taken + g.fresh)
@@ -906,25 +967,30 @@ class Broker:
         heapq.heappush(self._deadlines, (deadline, t.name, g.name, tuple(seqs)))
         if len(self._deadlines) > self._deadlines_limit:
             self._compact_deadlines()
+        first = g.first
+        keyed = self._keyed  # (no message has an ordering key unless one was published)
         for seq in seqs:
             attempt = held[seq] + 1
             held[seq] = attempt
             mac = _mac(token, seq, attempt)
-            inflight[seq] = [consumer, mac, deadline]
+            f = now if attempt == 1 else first.pop(seq, now)
+            inflight[seq] = [consumer, mac, deadline, f]
             mine[seq] = None
             m = t.get(seq)
             assert m is not None
-            out.append(
-                {
-                    "seq": seq,
-                    "attempt": attempt,
-                    "receipt": f"{prefix}{seq}:{attempt}:{mac}",
-                    "payload": m[0],
-                    "headers": dict(m[2]) if m[2] else {},
-                    "published_at": m[1],
-                    "deadline": deadline,
-                }
-            )
+            d = {
+                "seq": seq,
+                "attempt": attempt,
+                "receipt": f"{prefix}{seq}:{attempt}:{mac}",
+                "payload": m[0],
+                "headers": dict(m[2]) if m[2] else {},
+                "published_at": m[1],
+                "deadline": deadline,
+                "first_received_at": f,
+            }
+            if keyed and len(m) > 3:
+                d["ordering_key"] = m[3]
+            out.append(d)
         g.counters["delivered"] += len(seqs)
         g.counters["redelivered"] += sum(1 for d in out if d["attempt"] > 1)
         return {"topic": t.name, "group": g.name, "deliveries": out}
@@ -1084,6 +1150,7 @@ class Broker:
             return 1
         entry = g.inflight.pop(seq)
         self._unbind(t, g, entry[0], seq)
+        g.first[seq] = entry[3]
         if delay_ms is None:
             backoff = g.config["backoff"]
             delay_ms = round(backoff[min(attempts, len(backoff)) - 1] * 1000) if backoff else 0
@@ -1091,7 +1158,7 @@ class Broker:
             due = self.now + delay_ms
             g.delayed[seq] = due
             heapq.heappush(self._delays, (due, t.name, g.name, (seq,)))
-        else:
+        elif g.kq is None or _is_head(t, g, seq):
             g.ready.append(seq)
         return 0
 
@@ -1113,15 +1180,17 @@ class Broker:
                     DLQ_PREFIX + "published-at": str(m[1]),
                 }
             )
-            self._append_dlq(self._ensure_dlq(dlq_name), m[0], hdrs)
+            self._append_dlq(self._ensure_dlq(dlq_name), m[0], hdrs, _okey(m))
         self._settle(t, g, seq)
 
-    def _append_dlq(self, d: Topic, payload: bytes, hdrs: dict[str, str]) -> None:
+    def _append_dlq(self, d: Topic, payload: bytes, hdrs: dict[str, str], okey: str | None) -> None:
         """Dead letters bypass ``reject`` limits (they must never be lost on the way in);
-        ``drop_oldest`` still applies."""
+        ``drop_oldest`` still applies. They keep their ordering key."""
         seq = d.next_seq
         d.next_seq += 1
-        d.msgs.append((payload, self.now, hdrs))
+        d.msgs.append(
+            (payload, self.now, hdrs) if okey is None else (payload, self.now, hdrs, okey)
+        )
         d.refs.append(len(d.groups))
         for g in d.groups.values():
             g.fresh += 1
@@ -1199,17 +1268,21 @@ class Broker:
             new_hdrs = dict(hdrs)
             prior = hdrs.get(REDRIVE_HEADER, "")
             new_hdrs[REDRIVE_HEADER] = str(int(prior) + 1 if _is_num(prior) else 1)
-            self._publish_internal(src_t, src_g, m[0], new_hdrs)
+            self._publish_internal(src_t, src_g, m[0], new_hdrs, _okey(m))
             self._remove(d, seq - 1)
             moved += 1
         return {"topic": d.name, "redriven": moved, "skipped": skipped}
 
-    def _publish_internal(self, t: Topic, group: str, payload: bytes, hdrs: dict[str, str]) -> None:
+    def _publish_internal(
+        self, t: Topic, group: str, payload: bytes, hdrs: dict[str, str], okey: str | None
+    ) -> None:
         """Append one message addressed to one group, bypassing size and backlog limits (it was
-        accepted once already)."""
+        accepted once already), with its ordering key."""
         seq = t.next_seq
         t.next_seq += 1
-        t.msgs.append((payload, self.now, hdrs))
+        t.msgs.append(
+            (payload, self.now, hdrs) if okey is None else (payload, self.now, hdrs, okey)
+        )
         t.refs.append(1)
         t.count += 1
         t.bytes += len(payload)
@@ -1378,7 +1451,7 @@ class Broker:
         oldest = t.get(t.oldest_seq()) if t.count else None
         return {
             "topic": t.name,
-            "config": dict(t.config),
+            "config": v.config_out(t.config, v.TOPIC_OPTIONAL),
             "created_at": t.created_at,
             "messages": t.count,
             "bytes": t.bytes,
@@ -1428,14 +1501,15 @@ class Broker:
         while seq < t.next_seq and len(out) < limit:
             m = t.get(seq)
             if m is not None:
-                out.append(
-                    {
-                        "seq": seq,
-                        "payload": m[0],
-                        "headers": dict(m[2]) if m[2] else {},
-                        "published_at": m[1],
-                    }
-                )
+                d = {
+                    "seq": seq,
+                    "payload": m[0],
+                    "headers": dict(m[2]) if m[2] else {},
+                    "published_at": m[1],
+                }
+                if len(m) > 3:
+                    d["ordering_key"] = m[3]
+                out.append(d)
             seq += 1
         return out
 
@@ -1446,7 +1520,8 @@ class Broker:
     # ------------------------------------------------------------------ snapshot
 
     def snapshot(self) -> bytes:
-        topics = []
+        topics: list[list[Any]] = []
+        v5 = self._keyed  # (else: does an ordered group, a label or a first receive exist?)
         for t in self.topics.values():
             h = t.head
             groups = [
@@ -1462,9 +1537,14 @@ class Broker:
                     list(g.delayed.items()),
                     [s for s in g.ready if g.is_ready(s)],
                     [g.counters[k] for k in GROUP_COUNTERS],
+                    list(g.first.items()),
                 ]
                 for g in t.groups.values()
             ]
+            if not v5:
+                v5 = "labels" in t.config or any(
+                    g.inflight or g.first or g.kq is not None for g in t.groups.values()
+                )
             topics.append(
                 [
                     t.name,
@@ -1480,8 +1560,12 @@ class Broker:
                     list(t.publish_delays.items()),
                 ]
             )
-        head = [self.now, self.applied_commands, topics]
-        if not self._tokens:  # the v3 bytes: a node without tokens can still install them
+        head: list[Any] = [self.now, self.applied_commands, topics]
+        if not v5:  # the bytes of v3 or v4, which older nodes can still install
+            for row in topics:
+                for grow in row[9]:
+                    grow.pop()
+        if not self._tokens and not v5:  # v3: a node without tokens can still install them
             return msgpack.packb([3, *head], use_bin_type=True)
         tokens = [
             [
@@ -1496,7 +1580,9 @@ class Broker:
             ]
             for tid, r in sorted(self._tokens.items())
         ]
-        return msgpack.packb([SNAPSHOT_VERSION, *head, tokens], use_bin_type=True)
+        if not v5:
+            return msgpack.packb([4, *head, tokens], use_bin_type=True)
+        return msgpack.packb([5, *head, tokens, self._keyed], use_bin_type=True)
 
     def restore(self, data: bytes) -> None:
         """Replace the whole state with a snapshot's; on a bad snapshot raise ValueError and
@@ -1516,7 +1602,9 @@ class Broker:
         self.__dict__.update(fresh.__dict__)
 
     def _load(self, obj: Any) -> None:
-        if obj[0] >= 4:
+        if obj[0] >= 5:
+            version, self.now, self.applied_commands, topics, tokens, self._keyed = obj
+        elif obj[0] == 4:
             version, self.now, self.applied_commands, topics, tokens = obj
         else:
             version, self.now, self.applied_commands, topics = obj
@@ -1561,15 +1649,34 @@ class Broker:
             for s, due in delays:
                 t.publish_delays[s] = due
                 self._delays.append((due, name, "", (s,)))
-            for gname, gcfg, cursor, pin, fresh, skip, held, inflight, delayed, ready, gc in groups:
+            for grow in groups:
+                if version >= 5:
+                    (
+                        gname,
+                        gcfg,
+                        cursor,
+                        pin,
+                        fresh,
+                        skip,
+                        held,
+                        inflight,
+                        delayed,
+                        ready,
+                        gc,
+                        fr,
+                    ) = grow
+                else:
+                    gname, gcfg, cursor, pin, fresh, skip, held, inflight, delayed, ready, gc = grow
+                    fr = ()
                 gcfg = dict(gcfg)
                 gcfg["backoff"] = list(gcfg["backoff"])
                 g = Group(gname, gcfg, cursor)
                 g.pin, g.fresh = pin, fresh
                 g.skip = set(skip)
                 g.held = dict(held)
-                for s, consumer, mac, deadline in inflight:
-                    g.inflight[s] = [consumer, mac, deadline]
+                for s, consumer, mac, deadline, *f in inflight:
+                    # (an older snapshot has no first-receive times: the snapshot's now)
+                    g.inflight[s] = [consumer, mac, deadline, f[0] if f else self.now]
                     g.by_consumer.setdefault(consumer, {})[s] = None
                     self._consumers.setdefault(consumer, {})[(name, gname)] = None
                     self._deadlines.append((deadline, name, gname, (s,)))
@@ -1578,9 +1685,17 @@ class Broker:
                     self._delays.append((due, name, gname, (s,)))
                 g.ready = deque(ready)
                 g.counters = dict(zip(GROUP_COUNTERS, gc, strict=True))
+                g.first = dict(fr)
+                if version < 5:  # (no first-receive times: the snapshot's now, as above)
+                    for s, attempts in g.held.items():
+                        if attempts and s not in g.inflight:
+                            g.first[s] = self.now
                 t.groups[gname] = g
             oldest = t.oldest_seq()
             t.pinned = [g for g in t.groups.values() if g.pin > oldest]
+            for g in t.groups.values():
+                if g.kq is not None:
+                    _reorder(t, g)
             self.topics[name] = t
             self._aging.note(name, _age_due(t))
             if t.dedup_heap:
@@ -1605,9 +1720,150 @@ def _token_view(rec: dict[str, Any]) -> dict[str, Any]:
 
 def _group_config_out(g: Group) -> dict[str, Any]:
     """A copy: results leave the state machine and must not alias its state."""
-    out = dict(g.config)
-    out["backoff"] = list(out["backoff"])
-    return out
+    return v.config_out(g.config, v.GROUP_OPTIONAL)
+
+
+# ---------------------------------------------------------------------- ordered groups
+#
+# A group with ``ordered: true`` delivers the messages of one ordering key one held run at a
+# time, in seq order: a message is delivered only when every held message of its key with a
+# lower seq is delivered in the same receive. ``Group.kq`` maps each key with held messages
+# to its held seqs, sorted; only a key's first held seq is ever queued in ``ready`` (when it is
+# ready), and taking it takes the ready run behind it too. A fresh message whose key has an
+# earlier held one is not delivered when the cursor passes it: it becomes held with 0
+# attempts, ready but queued behind its key (blocked), and is queued in ``ready`` once it is
+# first of its key. So the cursor passes each message once, a receive costs O(what it takes +
+# what it blocks), at most MAX_BLOCKED_PER_RECEIVE blocked per receive, and the memory is one
+# held entry per blocked message (the backlog of the held keys), nothing per idle key.
+# Messages without a key behave as in any group. ``kq`` is derived state: rebuilt from
+# ``held`` on restore (``_reorder``), so snapshots do not carry it.
+
+
+def _is_head(t: Topic, g: Group, seq: int) -> bool:
+    """Is ``seq`` first among the held messages of its key (or without a key)?"""
+    key = _okey(t.get(seq))
+    return key is None or g.kq[key][0] == seq  # type: ignore[index]
+
+
+def _unqueue(t: Topic, g: Group, seq: int) -> None:
+    """``seq`` is no longer held by ordered group ``g``: queue the next of its key if ready."""
+    key = _okey(t.get(seq))
+    if key is None:
+        return
+    kq = g.kq
+    assert kq is not None
+    q = kq[key]
+    if q[0] != seq:
+        q.remove(seq)  # (a later one settled first: a receive took several of the key)
+        return
+    del q[0]
+    if not q:
+        del kq[key]
+    elif g.is_ready(q[0]):
+        g.ready.append(q[0])
+
+
+def _due_ordered(t: Topic, g: Group, seq: int) -> None:
+    """The delay of held ``seq`` in ordered group ``g`` ran out."""
+    key = _okey(t.get(seq))
+    if key is None:
+        g.ready.append(seq)
+    elif not g.held[seq] and seq >= g.cursor:
+        # Published with a delay and never delivered, and the cursor is not past it yet: it
+        # turns fresh again, so that the cursor takes it after the earlier fresh ones of its
+        # key (as held it would overtake them).
+        del g.held[seq]
+        g.skip.discard(seq)
+        g.fresh += 1
+        _unqueue(t, g, seq)
+    elif g.kq[key][0] == seq:  # type: ignore[index]
+        g.ready.append(seq)
+
+
+def _take_ordered(t: Topic, g: Group, n: int, seqs: list[int]) -> None:
+    """What a receive of up to ``n`` from ordered group ``g`` takes, appended to ``seqs``
+    (see the section comment above)."""
+    held, inflight, delayed, ready = g.held, g.inflight, g.delayed, g.ready
+    kq = g.kq
+    assert kq is not None
+    took: dict[str, int] = {}  # key -> how many of its first held seqs this receive takes
+    while ready and len(seqs) < n:
+        seq = ready.popleft()
+        if seq not in held or seq in inflight or seq in delayed:
+            continue
+        key = _okey(t.get(seq))
+        if key is None:
+            seqs.append(seq)
+            continue
+        q = kq[key]
+        if q[0] != seq or key in took:
+            continue  # (not first of its key any more: queued again when it is)
+        i = 0
+        while i < len(q) and len(seqs) < n and q[i] not in inflight and q[i] not in delayed:
+            seqs.append(q[i])
+            i += 1
+        took[key] = i
+    left = g.fresh
+    if len(seqs) >= n or not left:
+        return
+    cursor, end, skip = g.cursor, t.next_seq, g.skip
+    blocked = 0
+    while cursor < end and len(seqs) < n and left and blocked < MAX_BLOCKED_PER_RECEIVE:
+        seq = cursor
+        cursor += 1
+        if skip and seq in skip:
+            skip.discard(seq)
+            continue
+        m = t.get(seq)
+        if m is None:
+            continue  # (below a start=earliest group's pin: gone before it was created)
+        left -= 1
+        key = _okey(m)
+        if key is not None:
+            kept = kq.get(key)
+            if kept is None:
+                kq[key] = [seq]
+                took[key] = 1
+            else:
+                q = kept
+                pos = len(q) if q[-1] < seq else bisect_left(q, seq)
+                q.insert(pos, seq)
+                if pos != took.get(key, 0):
+                    held[seq] = 0  # blocked: an earlier one of its key is held
+                    blocked += 1
+                    continue
+                took[key] = pos + 1
+        held[seq] = 0
+        seqs.append(seq)
+    g.cursor = cursor
+    g.fresh = left
+    if not left:
+        _skip_to_end(t, g)  # (else may_deliver would say yes until the next publish)
+
+
+def _reorder(t: Topic, g: Group) -> None:
+    """Turn ``ordered`` on or off as ``g.config`` says, or rebuild ``kq`` after a restore:
+    O(held). Turning it off queues every ready message in ``ready``."""
+    ready = g.ready
+    queued = dict.fromkeys(s for s in ready if g.is_ready(s))  # (in order, once each)
+    if not g.config.get("ordered"):
+        g.kq = None
+        for s in sorted(g.held):
+            if s not in queued and g.is_ready(s):
+                queued[s] = None
+        g.ready = deque(queued)
+        return
+    kq: dict[str, list[int]] = {}
+    for s in sorted(g.held):
+        key = _okey(t.get(s))
+        if key is not None:
+            kq.setdefault(key, []).append(s)
+    g.kq = kq
+    heads = {q[0] for q in kq.values()}
+    keep = [s for s in queued if _okey(t.get(s)) is None or s in heads]
+    kept = set(keep)
+    keep += sorted(s for s in heads if s not in kept and g.is_ready(s))
+    g.ready = deque(keep)
 
 
 _HANDLERS: dict[str, Any] = {

@@ -20,6 +20,10 @@ MAX_TIMEOUT_S = 12 * 3600
 MAX_DELAY_S = 14 * 24 * 3600
 MAX_BACKOFF_STEPS = 32
 MAX_KEY_LEN = 256
+MAX_ORDERING_KEY_LEN = 128
+MAX_LABELS = 64
+MAX_LABEL_KEY_LEN = 128
+MAX_LABEL_VALUE_LEN = 2048
 MAX_HEADERS = 64
 MAX_HEADER_LEN = 4096
 MAX_RECEIVE = 1000
@@ -39,8 +43,13 @@ GROUP_DEFAULTS: dict[str, Any] = {
     "max_attempts": 5,
     "backoff": [],
 }
-TOPIC_FIELDS = frozenset(TOPIC_DEFAULTS)
-GROUP_FIELDS = frozenset([*GROUP_DEFAULTS, "dead_letter_topic"])
+# Fields kept in a config only when they differ from their default (so that a config that
+# does not use them is stored, snapshotted and answered by an older node exactly as before);
+# ``config_out`` adds the defaults back.
+TOPIC_OPTIONAL: dict[str, Any] = {"labels": {}}
+GROUP_OPTIONAL: dict[str, Any] = {"ordered": False}
+TOPIC_FIELDS = frozenset([*TOPIC_DEFAULTS, *TOPIC_OPTIONAL])
+GROUP_FIELDS = frozenset([*GROUP_DEFAULTS, "dead_letter_topic", *GROUP_OPTIONAL])
 
 
 def name(value: Any, field: str) -> str:
@@ -111,6 +120,52 @@ def headers(value: Any, field: str = "headers") -> dict[str, str] | None:
     return value or None
 
 
+def ordering_key(value: Any, field: str = "ordering_key") -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_ORDERING_KEY_LEN:
+        raise InvalidArgument(
+            f"{field} must be a string of 1 to {MAX_ORDERING_KEY_LEN} characters", field=field
+        )
+    return value
+
+
+def labels(value: Any, field: str = "labels") -> dict[str, str]:
+    """A topic's labels: a map of string to string, a copy."""
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{field} must be a map of string to string", field=field)
+    if len(value) > MAX_LABELS:
+        raise InvalidArgument(f"{field} has more than {MAX_LABELS} entries", field=field)
+    for k, x in value.items():
+        if not isinstance(k, str) or not 1 <= len(k) <= MAX_LABEL_KEY_LEN:
+            raise InvalidArgument(
+                f"{field}: a key must be a string of 1 to {MAX_LABEL_KEY_LEN} characters, "
+                f"got {str(k)[:140]!r}",
+                field=field,
+            )
+        if not isinstance(x, str) or len(x) > MAX_LABEL_VALUE_LEN:
+            raise InvalidArgument(
+                f"{field}[{k!r}] must be a string of at most {MAX_LABEL_VALUE_LEN} characters",
+                field=field,
+            )
+    return dict(value)
+
+
+def config_out(cfg: Mapping[str, Any], optional: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored config as answered: a copy, with the defaults of the optional fields."""
+    out = dict(cfg)
+    for k, default in optional.items():
+        x = out.get(k, default)
+        out[k] = dict(x) if isinstance(x, dict) else x
+    if "backoff" in out:
+        out["backoff"] = list(out["backoff"])
+    return out
+
+
+def _drop_defaults(out: dict[str, Any], optional: Mapping[str, Any]) -> None:
+    for k, default in optional.items():
+        if k in out and out[k] == default:
+            del out[k]
+
+
 def mapping(value: Any, field: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise InvalidArgument(f"{field} must be a map", field=field)
@@ -142,6 +197,9 @@ def topic_config(cfg: Mapping[str, Any], base: Mapping[str, Any] | None = None) 
     if out["max_age"] is not None:
         seconds_ms(out["max_age"], "max_age", 0.001, 10 * 365 * 86400)
     seconds_ms(out["dedup_window"], "dedup_window", 0, 7 * 86400)
+    if "labels" in out:
+        out["labels"] = labels(out["labels"])
+    _drop_defaults(out, TOPIC_OPTIONAL)
     return out
 
 
@@ -178,6 +236,9 @@ def group_config(
             raise InvalidArgument(
                 "dead_letter_topic must differ from the topic", field="dead_letter_topic"
             )
+    if "ordered" in out:
+        boolean(out["ordered"], "ordered")
+    _drop_defaults(out, GROUP_OPTIONAL)
     return out
 
 

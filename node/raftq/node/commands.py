@@ -155,7 +155,9 @@ def redrive(topic: str, body: dict[str, Any]) -> dict[str, Any]:
 
 # ``text`` instead of ``payload``: the message's bytes are that string's UTF-8 (for JSON users,
 # who need not base64 then); a message has exactly one of the two.
-MESSAGE_FIELDS = {"payload": ANY, "text": STR, "headers": MAP, "key": STR, "delay": NUM}
+MESSAGE_FIELDS = {
+    "payload": ANY, "text": STR, "headers": MAP, "key": STR, "delay": NUM, "ordering_key": STR,
+}  # fmt: skip
 RESERVED_HEADER = "x-raftq-"  # dead-letter history and redrive counts: set by the broker only
 _PLAIN_MESSAGE_KEYS = frozenset(("payload", "key"))
 
@@ -223,7 +225,7 @@ def message(m: Any, where: str, msgpack_body: bool) -> tuple[dict[str, Any], int
         out["payload"] = text.encode()  # (decode_body refused lone surrogates)
     else:
         out["payload"] = codec.payload_in(m["payload"], where + ".payload", msgpack_body)
-    for k in ("headers", "key", "delay"):
+    for k in ("headers", "key", "delay", "ordering_key"):
         if out.get(k) is None:
             out.pop(k, None)
     return out, len(out["payload"])

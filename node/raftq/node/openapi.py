@@ -22,6 +22,10 @@ from raftq.cluster.validate import (
     MAX_HEADERS,
     MAX_INT,
     MAX_KEY_LEN,
+    MAX_LABEL_KEY_LEN,
+    MAX_LABEL_VALUE_LEN,
+    MAX_LABELS,
+    MAX_ORDERING_KEY_LEN,
     MAX_RECEIVE,
     MAX_TIMEOUT_S,
     NAME_RE,
@@ -111,6 +115,20 @@ HEADERS = {
     " broker's own)",
 }
 ANSWER_HEADERS = {"type": "object", "additionalProperties": {"type": "string"}}
+ORDERING_KEY = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_ORDERING_KEY_LEN,
+    "description": "in a group with ordered: true, delivered one at a time per key, in order",
+}
+LABELS = {
+    "type": "object",
+    "maxProperties": MAX_LABELS,
+    "additionalProperties": {"type": "string", "maxLength": MAX_LABEL_VALUE_LEN},
+    # (OpenAPI 3.0 has no propertyNames: the key rule is in the description)
+    "description": f"free-form labels, keys of 1 to {MAX_LABEL_KEY_LEN} characters"
+    " (update_topic replaces them all)",
+}
 RECEIPTS = _list({"type": "string"}, lo=1)
 CONSUMER = {"type": "string", "minLength": 1, "maxLength": MAX_CONSUMER_LEN}
 ANY = {"type": "object", "additionalProperties": True}
@@ -147,6 +165,7 @@ SCHEMAS: dict[str, Any] = {
             "overflow": {"type": "string", "enum": ["reject", "drop_oldest"]},
             "max_age": _nullable(_secs(0.001, 10 * 365 * 86400, "seconds; null: kept")),
             "dedup_window": _secs(0, 7 * 86400, "seconds"),
+            "labels": LABELS,
         }
     ),
     "GroupConfig": _obj(
@@ -155,6 +174,11 @@ SCHEMAS: dict[str, Any] = {
             "max_attempts": _int(0, 1_000_000),
             "backoff": _list(_secs(0, MAX_TIMEOUT_S), hi=MAX_BACKOFF_STEPS),
             "dead_letter_topic": _nullable(NAME),
+            "ordered": {
+                **B,
+                "description": "hold back a message while an earlier one of its ordering_key"
+                " is held (in flight, delayed or waiting for redelivery)",
+            },
         }
     ),
     "GroupSpec": _obj({"group": NAME, "config": _ref("GroupConfig")}, ["group"]),
@@ -181,6 +205,7 @@ SCHEMAS: dict[str, Any] = {
                 "description": "idempotency key (a repeat within dedup_window is stored once)",
             },
             "delay": _secs(0, MAX_DELAY_S, "seconds before it may be delivered"),
+            "ordering_key": ORDERING_KEY,
         },
     )
     | {"oneOf": [{"required": ["payload"]}, {"required": ["text"]}]},
@@ -299,6 +324,8 @@ SCHEMAS: dict[str, Any] = {
             "headers": ANSWER_HEADERS,
             "published_at": I,
             "deadline": I,
+            "first_received_at": {**I, "description": "ms: the first delivery in this group"},
+            "ordering_key": S,
         },
         ["seq", "attempt", "receipt"],
     ),
@@ -334,6 +361,7 @@ SCHEMAS: dict[str, Any] = {
                         "text": TEXT_OUT,
                         "headers": ANSWER_HEADERS,
                         "published_at": I,
+                        "ordering_key": S,
                     },
                     ["seq"],
                 )

@@ -117,8 +117,14 @@ def _queue(params: dict[str, Any]) -> str:
     return _name(q.name_from_url(params.get("QueueUrl")))
 
 
-async def _stats(ctx: Ctx, name: str) -> dict[str, Any]:
-    stats: dict[str, Any] = await ctx.svc.read_latest(lambda b: b.topic_stats(name))
+async def _stats(ctx: Ctx, name: str, latest: bool = True) -> dict[str, Any]:
+    """The queue's topic stats: a linearizable read, or (``latest`` False: for the config a
+    command is built from, the command itself being the linearization point) this leader's
+    own state, without the read barrier's round trip."""
+    if latest:
+        stats: dict[str, Any] = await ctx.svc.read_latest(lambda b: b.topic_stats(name))
+    else:
+        stats = ctx.svc.read(lambda b: b.topic_stats(name))
     if not any(g["group"] == q.GROUP for g in stats["groups"]):
         raise SqsError("QueueDoesNotExist", NOT_A_QUEUE)
     return stats
@@ -268,6 +274,8 @@ async def set_queue_attributes(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
                               " cannot be its own dead-letter queue.")  # fmt: skip
             ctx.who.require(ADMIN, policy[0])
             await _dlq_exists(ctx, policy[0])
+    # (the leader's clock, stamped into the command: LastModifiedTimestamp)
+    attrs["LastModifiedTimestamp"] = int(time.time())
     tcfg, gcfg = q.to_config(attrs, labels, fifo=False)
     if gcfg:
         await ctx.svc.call(commands.update_group(name, q.GROUP, {"config": gcfg}))
@@ -438,7 +446,7 @@ async def _queue_for(ctx: Ctx, p: dict[str, Any], action: str) -> tuple[str, dic
     """The queue a message action names, the caller's right on it checked, and its stats."""
     name = _queue(p)
     ctx.who.require(action, name)
-    return name, await _stats(ctx, name)
+    return name, await _stats(ctx, name, latest=False)
 
 
 def _message(

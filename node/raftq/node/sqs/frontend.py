@@ -94,6 +94,12 @@ class Frontend:
             return _error(protocol, compat, e, request_id)
         except ApiError as e:
             return _error(protocol, compat, sqs_error(e), request_id)
+        except (asyncio.CancelledError, ConnectionError):  # the client went away
+            raise
+        except Exception:  # a bug: said in SQS's shape, logged in full
+            log.exception("internal error on SQS %s %s", request.method, request.path)
+            err = SqsError("InternalFailure", "internal error; see the node log")
+            return _error(protocol, compat, err, request_id)
 
     async def _handle(self, request: web.Request, request_id: str) -> web.StreamResponse:
         if request.method not in ("GET", "POST"):
@@ -117,6 +123,8 @@ class Frontend:
                 except (ValueError, UnicodeDecodeError):
                     raise SqsError("MalformedQueryString", "the form body is malformed") from None
             call = wire.decode_query(url_query + form)
+        if "QueueUrl" not in call.params and len([x for x in path.split("/") if x]) == 2:
+            call.params["QueueUrl"] = path  # (sent to the queue's URL, as kombu does)
         who, access_key, region = ANYONE, "", "us-east-1"
         if self.svc.settings.auth:
             sreq = sigv4.Request(
