@@ -196,6 +196,30 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+# (numerator side, case), (denominator side, case): ratios taken within each round.
+PAIRS = [
+    (("raftq-sqs", "send-batch"), ("moto", "send-batch")),
+    (("raftq-sqs", "recv-delete"), ("moto", "recv-delete")),
+    (("raftq-sqs", "send-1"), ("moto", "send-1")),
+    (("raftq-sqs", "send-batch"), ("raftq", "(b) pipelined publish")),
+    (("raftq-sqs", "recv-delete"), ("raftq", "(d) consume+ack")),
+    (("raftq-sqs", "send-1"), ("raftq", "(a) sync publish")),
+]
+
+
+def paired(rows: list[dict[str, Any]]) -> str:
+    """Rate ratios of the same round (the box's drift cancels), median and range."""
+    out = ["| rate ratio | median of rounds (min..max) |", "|---|---|"]
+    for a, b in PAIRS:
+        ra = {r["round"]: r["rate"] for r in rows if (r["side"], r["case"]) == a}
+        rb = {r["round"]: r["rate"] for r in rows if (r["side"], r["case"]) == b}
+        ratios = [ra[k] / rb[k] for k in ra if rb.get(k)]
+        if ratios:
+            out.append(f"| {a[0]} {a[1]} / {b[0]} {b[1]} | {statistics.median(ratios):.2f} "
+                       f"({min(ratios):.2f}..{max(ratios):.2f}) |")  # fmt: skip
+    return "\n".join(out)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=4)
@@ -209,7 +233,12 @@ def main() -> int:
     p.add_argument("--native-n", type=int, default=20_000, help="native (b), (d): messages")
     p.add_argument("--sides", default="raftq-sqs,moto,raftq")
     p.add_argument("--out", type=Path, default=Path("sqs-bench.json"))
+    p.add_argument("--tables", type=Path, help="only print the tables of an earlier --out")
     args = p.parse_args()
+    if args.tables:
+        earlier = json.loads(args.tables.read_text())
+        print(table(earlier) + "\n\n" + paired(earlier))
+        return 0
     sides = args.sides.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="raftq-sqs-bench-"))
     moto = MotoServer(tmp / "moto.log").start() if "moto" in sides else None
@@ -240,7 +269,7 @@ def main() -> int:
     args.out.write_text(json.dumps(rows, indent=1))
     print(f"\n{args.rounds} rounds, {args.n} x {args.size} B, {args.threads} boto3 threads, "
           f"sides interleaved (order alternates each round); rows in {args.out}\n")  # fmt: skip
-    print(table(rows))
+    print(table(rows) + "\n\n" + paired(rows))
     return 0
 
 
