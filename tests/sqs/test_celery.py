@@ -6,7 +6,8 @@ of them have run, the leader gets SIGKILL. Every task records its number in a fi
 runs: at the end every number must be there (none lost); a number there twice is a duplicate
 (at-least-once delivery allows them: a delete that never reached the dead leader, a send
 retried after its answer was lost), counted and printed. Worker and producer talk to one node,
-as through a load balancer that never sends them to the dead one.
+as through a load balancer that never sends them to the dead one. ``RAFTQ_SQS_TARGET=moto``
+runs the same harness against moto_server (``moto[server]``, no leader to kill), for reference.
 """
 
 from __future__ import annotations

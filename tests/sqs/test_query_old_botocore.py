@@ -1,7 +1,8 @@
 """The query protocol as a real old SDK speaks it: boto3 + botocore 1.33 (form bodies, XML
 answers) in a venv of its own (tests/sqs/old_botocore.py), against the 3-node cluster through a
 follower's SQS listener: queue lifecycle, send / receive / delete, batches, attributes, and
-errors in the XML ``ErrorResponse`` shape."""
+errors in the XML ``ErrorResponse`` shape. ``RAFTQ_SQS_TARGET=moto`` runs them against
+moto_server instead, for reference (moto answers a non-numeric VisibilityTimeout with a 500)."""
 
 from __future__ import annotations
 
