@@ -152,6 +152,8 @@ class Frontend:
             if forwarded:
                 raise SqsError("ServiceUnavailable", "forwarded to a node that is not the leader",
                                retry_after=1)  # fmt: skip
+            if call.action == "ReceiveMessage":
+                return await self.forward_receive(request, body, path, who, call, request_id)
             return await self.forward(request, body, path, who)
         host = request.headers.get("Host") or request.host
         scheme = self.svc.settings.scheme
@@ -164,6 +166,8 @@ class Frontend:
             if forwarded:
                 raise SqsError("ServiceUnavailable", "the leader changed; retry",
                                retry_after=1) from None  # fmt: skip
+            if call.action == "ReceiveMessage":
+                return await self.forward_receive(request, body, path, who, call, request_id)
             return await self.forward(request, body, path, who)
         return _answer(call, result, request_id)
 
@@ -186,6 +190,37 @@ class Frontend:
             return resp
 
     # ------------------------------------------------------------------ forwarding
+
+    async def forward_receive(
+        self, request: web.Request, body: bytes, path: str, who: Principal | None, call: Call,
+        request_id: str,
+    ) -> web.StreamResponse:  # fmt: skip
+        """A ReceiveMessage forwarded until a leader answers it, within its long poll's time
+        (at least a second); if none does, the answer is an empty receive, never a 5xx.
+
+        Why: kombu's async SQS client (what Celery workers poll with) stops polling a queue
+        for good after a 5xx answer to a ReceiveMessage (kombu 5.7: ``_on_list_ready`` hands
+        ``[]`` to ``_on_messages_ready``, which raises), and a leader's death is only an
+        election away from being over. An empty answer is true (this request got nothing);
+        messages the dead leader may have handed out come back after their visibility timeout,
+        as after any lost answer."""
+        try:
+            wait = min(20, max(1, int(call.params.get("WaitTimeSeconds") or 0)))
+        except (TypeError, ValueError):
+            wait = 1
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                resp = await self.forward(request, body, path, who)
+                if resp.status != 503:
+                    return resp
+            except SqsError as e:
+                if e.type != "ServiceUnavailable":
+                    raise
+            if time.monotonic() + 0.2 >= deadline:
+                log.info("a ReceiveMessage no leader answered within %d s is answered empty", wait)
+                return _answer(call, {}, request_id)
+            await asyncio.sleep(0.2)  # (an election takes a second or two)
 
     async def forward(
         self, request: web.Request, body: bytes, path: str, who: Principal | None
