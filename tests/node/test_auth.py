@@ -102,6 +102,7 @@ def bodies(topic: str) -> dict[tuple[str, str], Any]:
         ("PATCH", "/tokens/{token}"): {"disabled": False},
         ("POST", "/cluster/members"): {"id": "n9", "raft": "127.0.0.1:1", "api": "127.0.0.1:1"},
         ("DELETE", "/cluster/members/{node}"): {},
+        ("PATCH", "/cluster/settings"): {"max_retained_bytes": None},
     }
 
 

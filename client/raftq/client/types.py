@@ -119,6 +119,17 @@ class ClusterInfo(TypedDict):
     digest: NotRequired[str]
 
 
+class Settings(TypedDict):
+    max_retained_bytes: int | None
+
+
+class ClusterSettings(TypedDict):
+    """``cluster_settings``: the settings and the payload bytes retained over every topic."""
+
+    settings: Settings
+    retained_bytes: int
+
+
 class Membership(TypedDict):
     members: list[str]
     added: NotRequired[str]
