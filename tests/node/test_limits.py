@@ -166,3 +166,19 @@ def test_a_node_in_memory_has_no_reserve() -> None:
     guard = DiskGuard(None, Reserve(bytes=1 << 60))
     assert guard.status() is None
     guard.check("n1")  # nothing to refuse
+
+
+async def test_a_follower_forwards_the_507_of_the_leader(
+    leader_and_follower: tuple[LocalRaft, Client, LocalRaft, Client],
+) -> None:
+    leader, lc, _, fc = leader_and_follower
+    topic = await topic_of(lc)
+    r = await fc.patch("/cluster/settings", json={"max_retained_bytes": 2})
+    assert r.status == 200, await r.text()
+    r = await publish(fc, topic, "abc")
+    assert r.status == 507
+    assert (await r.json())["details"]["max_retained_bytes"] == 2
+    assert (await (await fc.get("/cluster/settings")).json())["settings"] == {
+        "max_retained_bytes": 2
+    }
+    assert leader.read(lambda b: b.settings) == {"max_retained_bytes": 2}
