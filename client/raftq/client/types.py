@@ -101,6 +101,22 @@ class Member(TypedDict, total=False):
     observed_role: str  # (set by the CLI's status: what it saw, not what the node says)
 
 
+class DiskInfo(TypedDict):
+    """A node's data disk: publishes are refused (``StorageFull``) while ``ok`` is false."""
+
+    free_bytes: int
+    min_free_bytes: int
+    ok: bool
+
+
+class StorageInfo(TypedDict):
+    """``cluster()["storage"]``: payload bytes retained vs the cluster's limit, this node's disk."""
+
+    retained_bytes: int
+    max_retained_bytes: int | None
+    disk: NotRequired[DiskInfo]
+
+
 class ClusterInfo(TypedDict):
     """``cluster``: this node's view (``leader_api`` is the leader's HTTP address)."""
 
@@ -116,6 +132,7 @@ class ClusterInfo(TypedDict):
     last_log_term: NotRequired[int]
     running: NotRequired[bool]
     error: NotRequired[str]
+    storage: NotRequired[StorageInfo]
     digest: NotRequired[str]
 
 
