@@ -42,6 +42,7 @@ from raftq.client.errors import (
 from raftq.client.transport import AsyncTransport, TLSFailed, tls_failure
 from raftq.client.types import (
     ClusterInfo,
+    ClusterSettings,
     Created,
     Deleted,
     GroupConfigured,
@@ -631,6 +632,17 @@ class AsyncClient:
         body: ClusterInfo = await self.request(rq.cluster())
         self.endpoints.learn(core.leader_from_cluster(body))
         return body
+
+    async def cluster_settings(self) -> ClusterSettings:
+        """The cluster settings (``max_retained_bytes``: None when unlimited) and the payload
+        bytes retained over every topic."""
+        return cast(ClusterSettings, await self.request(rq.cluster_settings()))
+
+    async def update_cluster_settings(self, **changes: Any) -> ClusterSettings:
+        """Change cluster settings (a ``cluster`` token): ``max_retained_bytes=N`` (None: no
+        limit). A publish that would retain more payload bytes over every topic raises
+        ``StorageFull``; dead letters and redrives pass; lowering it deletes nothing."""
+        return cast(ClusterSettings, await self.request(rq.update_cluster_settings(changes)))
 
     async def add_member(self, node_id: str, raft: str, api: str) -> Membership:
         """Add a node to the cluster (start it first, with every member as a peer)."""

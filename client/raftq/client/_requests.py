@@ -18,6 +18,14 @@ def cluster() -> Request:
     return Request("GET", "/cluster", idempotent=True)
 
 
+def cluster_settings() -> Request:
+    return Request("GET", "/cluster/settings", idempotent=True)
+
+
+def update_cluster_settings(changes: Mapping[str, Any]) -> Request:
+    return Request("PATCH", "/cluster/settings", dict(changes), idempotent=True)
+
+
 def add_member(node_id: str, raft: str, api: str) -> Request:
     body = {"id": node_id, "raft": raft, "api": api}
     return Request("POST", "/cluster/members", body, idempotent=False)

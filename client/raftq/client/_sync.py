@@ -30,6 +30,7 @@ from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome
 from raftq.client.transport import ConnectFailed, HttpError, TLSFailed, Transport
 from raftq.client.types import (
     ClusterInfo,
+    ClusterSettings,
     Created,
     Deleted,
     GroupConfigured,
@@ -256,6 +257,17 @@ class Client:
         body: ClusterInfo = self.request(rq.cluster())
         self.endpoints.learn(core.leader_from_cluster(body))
         return body
+
+    def cluster_settings(self) -> ClusterSettings:
+        """The cluster settings (``max_retained_bytes``: None when unlimited) and the payload
+        bytes retained over every topic."""
+        return cast(ClusterSettings, self.request(rq.cluster_settings()))
+
+    def update_cluster_settings(self, **changes: Any) -> ClusterSettings:
+        """Change cluster settings (a ``cluster`` token): ``max_retained_bytes=N`` (None: no
+        limit). A publish that would retain more payload bytes over every topic raises
+        ``StorageFull``; dead letters and redrives pass; lowering it deletes nothing."""
+        return cast(ClusterSettings, self.request(rq.update_cluster_settings(changes)))
 
     def add_member(self, node_id: str, raft: str, api: str) -> Membership:
         """Add a node to the cluster (start it first, with every member as a peer)."""

@@ -18,6 +18,7 @@ import base64
 import errno
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -66,6 +67,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 # One example per command, shown at the end of its --help.
 EXAMPLES = {
     "status": "raftq status    # exits 3 when there is no leader",
+    "settings": "raftq settings --max-retained-bytes 50GiB    # none: no limit",
     "member add": "raftq member add n4 10.0.0.4:9001 10.0.0.4:8001",
     "member remove": "raftq member remove n4",
     "topic create": "raftq topic create orders --config max_messages=100000",
@@ -194,6 +196,21 @@ def register(sub: Any, parser: argparse.ArgumentParser | None = None) -> None:
         return p
 
     cmd(sub, "status", _status, "show the cluster: members, observed roles, leader, indexes")
+
+    p = cmd(
+        sub,
+        "settings",
+        _settings,
+        "show the cluster settings and the bytes retained, or change a setting (a cluster token)",
+    )
+    p.add_argument(
+        "--max-retained-bytes",
+        type=size_arg,
+        default=argparse.SUPPRESS,
+        metavar="SIZE",
+        help="payload bytes retained over every topic at most (e.g. 50GiB, 500MB; none: no"
+        " limit): a publish past it is refused, storage_full",
+    )
 
     msub = group("member", "add or remove cluster members")
     p = cmd(msub, "member add", _member_add, "add a started node to the cluster")
@@ -793,6 +810,38 @@ def _status(args: argparse.Namespace, c: Client) -> int:
     if not (members.get(leader) or {}).get("answers"):
         return _fail(args, EXIT_UNAVAILABLE, "no_leader", f"the leader {leader} does not answer")
     return EXIT_OK
+
+
+_SIZE = re.compile(r"([0-9]+)\s*([kmgt]i?)?b?", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_SIZE_UNITS.update({"ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40})
+
+
+def size_arg(text: str) -> int | None:
+    """``50GiB``, ``500MB``, ``1000`` (bytes) or ``none``. (The node's ``--min-free-disk``
+    reads the same, and percentages: ``raftq.node.diskguard``; the client imports no node
+    code.)"""
+    if text.strip().lower() in ("none", "null"):
+        return None
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size (e.g. 50GiB, 500MB, none): {text!r}")
+    return int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()]
+
+
+def _settings(args: argparse.Namespace, c: Client) -> int:
+    if hasattr(args, "max_retained_bytes"):
+        res = c.update_cluster_settings(max_retained_bytes=args.max_retained_bytes)
+    else:
+        res = c.cluster_settings()
+
+    def human() -> str:
+        limit = res["settings"]["max_retained_bytes"]
+        shown = "none" if limit is None else f"{limit} ({size(limit)})"
+        retained = res["retained_bytes"]
+        return f"max_retained_bytes  {shown}\nretained_bytes      {retained} ({size(retained)})"
+
+    return _emit(args, res, human)
 
 
 def _member_add(args: argparse.Namespace, c: Client) -> int:

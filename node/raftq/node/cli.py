@@ -219,6 +219,13 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " overloaded with Retry-After [RAFTQ_MAX_QUEUE] (default 2048)",
     )
     p.add_argument(
+        "--min-free-disk",
+        default=_env("MIN_FREE_DISK", "1GiB"),  # (diskguard.DEFAULT_MIN_FREE)
+        help="refuse publishes (507 storage_full) while the data directory's disk has less"
+        " free: bytes (1GiB, 500MB, 0 for no reserve) or a percentage of the disk (5%%)"
+        " [RAFTQ_MIN_FREE_DISK] (default 1GiB)",
+    )
+    p.add_argument(
         "--idle-timeout",
         type=float,
         default=_env("IDLE_TIMEOUT", "60"),
@@ -316,6 +323,12 @@ def _run_node(args: argparse.Namespace) -> int:
         parser.error(
             f"--log-format (or RAFTQ_LOG_FORMAT) must be text or json, not {args.log_format!r}"
         )
+    from raftq.node.diskguard import parse_reserve
+
+    try:
+        min_free_disk = parse_reserve(args.min_free_disk)
+    except ValueError as e:
+        parser.error(f"--min-free-disk (or RAFTQ_MIN_FREE_DISK): {e}")
     for flag, value, lo in (
         ("--max-body", args.max_body, 1),
         ("--max-inflight", args.max_inflight, 1),
@@ -383,6 +396,7 @@ def _run_node(args: argparse.Namespace) -> int:
         tls_client_ca=args.tls_client_ca or None,
         tls_ca=args.tls_ca or None,
         force_new_cluster=args.force_new_cluster,
+        min_free_disk=min_free_disk,
     )
     return asyncio.run(serve(opts))
 

@@ -183,6 +183,17 @@ SCHEMAS: dict[str, Any] = {
     ),
     "GroupSpec": _obj({"group": NAME, "config": _ref("GroupConfig")}, ["group"]),
     "UpdateTopic": _obj({"config": _ref("TopicConfig")}, ["config"]),
+    "UpdateClusterSettings": _obj(
+        {
+            "max_retained_bytes": _nullable(
+                {
+                    **_int(0),
+                    "description": "payload bytes retained over every topic at most; a publish"
+                    " past it gets 507 storage_full (dead letters and redrives pass); null: none",
+                }
+            )
+        }
+    ),
     "UpdateGroup": _obj({"config": _ref("GroupConfig")}, ["config"]),
     "CreateGroup": _obj(
         {
@@ -416,9 +427,23 @@ SCHEMAS: dict[str, Any] = {
             "running": B,
             "you": _ref("Caller"),
             "error": {**S, "description": "why Raft stopped (role: stopped)"},
+            "storage": _answer(
+                {
+                    "retained_bytes": I,
+                    "max_retained_bytes": _nullable(I),
+                    "disk": {**_ref("Disk"), "description": "this node's (not in memory)"},
+                }
+            ),
             "digest": {**S, "description": "with digest=1"},
         },
         ["node", "role", "members"],
+    ),
+    "ClusterSettings": _answer(
+        {
+            "settings": _answer({"max_retained_bytes": _nullable(I)}),
+            "retained_bytes": {**I, "description": "payload bytes retained, every topic"},
+        },
+        ["settings", "retained_bytes"],
     ),
     "Membership": _answer({"added": S, "removed": S, "members": _list(S)}, ["members"]),
     "Health": _answer(
@@ -461,8 +486,17 @@ SCHEMAS: dict[str, Any] = {
             "draining": B,
             "removed": B,
             "raft_error": {**S, "description": "why Raft stopped"},
+            "disk": {**_ref("Disk"), "description": "low on disk: still ready (consumers)"},
         },
         ["ready"],
+    ),
+    "Disk": _answer(
+        {
+            "free_bytes": I,
+            "min_free_bytes": {**I, "description": "the reserve (--min-free-disk)"},
+            "ok": {**B, "description": "false: publishes are refused, 507 storage_full"},
+        },
+        ["free_bytes", "min_free_bytes", "ok"],
     ),
     "Token": _answer(
         {

@@ -83,6 +83,26 @@ def _caller(request: web.Request) -> dict[str, Any]:
     return {"name": who.name, "cluster": who.may(CLUSTER), "all": who.everything, "grants": grants}
 
 
+async def show_settings(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    return httpio.respond(request, await svc.read_latest(lambda b: b.storage()))
+
+
+async def change_settings(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    """Cluster settings are replicated state: every node applies the same limit."""
+    cmd = commands.cluster_settings(await httpio.read_body(request))
+    return httpio.respond(request, await svc.call(cmd))
+
+
+def _storage(svc: BrokerService) -> dict[str, Any]:
+    """Retained bytes vs the cluster's limit (this replica's view), and this node's disk."""
+    out: dict[str, Any] = svc.raft.read(lambda b: b.storage())
+    out["max_retained_bytes"] = out.pop("settings")["max_retained_bytes"]
+    disk = svc.disk.status()
+    if disk is not None:
+        out["disk"] = disk
+    return out
+
+
 async def cluster(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     st = svc.raft.status()
     members = {k: dict(v) for k, v in st.members.items()}
@@ -114,6 +134,7 @@ async def cluster(svc: BrokerService, request: web.Request) -> web.StreamRespons
         "members": members,
         "running": st.running,
         "you": _caller(request),
+        "storage": _storage(svc),
     }
     if st.error is not None:
         body["error"] = st.error  # why Raft stopped (role "stopped"; the process exits soon)
@@ -155,6 +176,13 @@ ROUTES = [
           query=(Query("digest", kind="flag",
                        doc="1 or true: add a fingerprint of this replica's state (needs a"
                            " cluster token)"),)),
+    Route("GET", "/cluster/settings", show_settings,
+          "Cluster settings (max_retained_bytes) and the payload bytes retained",
+          answer="ClusterSettings", op="getClusterSettings", perm=Permission(AUTHENTICATED)),
+    Route("PATCH", "/cluster/settings", change_settings,
+          "Change cluster settings: max_retained_bytes (null: no limit)",
+          body="UpdateClusterSettings", answer="ClusterSettings", op="updateClusterSettings",
+          perm=Permission(CLUSTER)),
     Route("POST", "/cluster/members", add_member, "Add a member (start it first)",
           body="AddMember", answer="Membership", op="addMember", perm=Permission(CLUSTER)),
     Route("DELETE", "/cluster/members/{node}", remove_member, "Remove a member", body="Empty",

@@ -27,6 +27,7 @@ from aiohttp import web
 from raftq.node.app import NodeSettings, build_app
 from raftq.node.auth import internal_token
 from raftq.node.commands import host_port
+from raftq.node.diskguard import DEFAULT_MIN_FREE, Reserve, parse_reserve
 from raftq.node.httplimits import ApiProtocols, ApiSite, HttpLimits
 from raftq.node.httpsite import HttpsSite
 from raftq.node.raftapi import ForceRefused, Raft
@@ -85,6 +86,7 @@ class NodeOptions:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     tls_ca: str | None = None
+    min_free_disk: Reserve = field(default_factory=lambda: parse_reserve(DEFAULT_MIN_FREE))
     force_new_cluster: int | None = None  # recovery: this node alone, its journal committed
     # (this being its last log index)
 
@@ -203,6 +205,8 @@ async def serve(
         metrics_topics=opts.metrics_topics,
         scheme="https" if tls is not None else "http",
         peer_ssl=tls.peer if tls is not None else None,
+        data_dir=opts.data_dir,
+        min_free_disk=opts.min_free_disk,
     )
     if not opts.auth:
         log.warning(
