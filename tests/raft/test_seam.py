@@ -270,3 +270,24 @@ def test_the_pinned_version_is_the_pin_in_pyproject() -> None:
     pins = [d for d in deps if re.match(r"pysyncobj\b", d)]
     assert pins == [f"pysyncobj=={PINNED}"]
     assert _seam.PINNED == PINNED
+
+
+def test_last_log_read_from_another_thread_during_an_install_keeps_the_last_pair() -> None:
+    """A snapshot install empties the journal for a moment; ``status()`` on another thread must
+    not raise then (it did: IndexError from pysyncobj's ``__raftLog[-1]``)."""
+    log: list[tuple[bytes, int, int]] = [(b"", 7, 3)]
+
+    class Fake:
+        def _SyncObj__getCurrentLogIndex(self) -> int:
+            return log[-1][1]
+
+        def _SyncObj__getCurrentLogTerm(self) -> int:
+            return log[-1][2]
+
+    raft = _seam.Raft()
+    raft._b = Fake()
+    assert (raft.last_log_index, raft.last_log_term) == (7, 3)
+    log.clear()  # mid-install
+    assert (raft.last_log_index, raft.last_log_term) == (7, 3)
+    log.append((b"", 9, 4))
+    assert (raft.last_log_index, raft.last_log_term) == (9, 4)

@@ -737,6 +737,7 @@ class Raft:
         self._transport: Any = None
         self._stats: dict[str, int] = {}
         self._fix_sends = True
+        self._last_log_seen = (0, 0)  # (see _last_log)
         self.func_id = 0  # raftq_apply's id in journal commands
         self.tick: Callable[[float], None] = _unstarted
         self.poll: Callable[[float], None] = _unstarted
@@ -964,15 +965,25 @@ class Raft:
     def transfer_in_progress(self) -> bool:
         return bool(self._b._SyncObj__transferInProgress)
 
+    def _last_log(self) -> tuple[int, int]:
+        """The last log entry's (index, term). ``status()`` reads it from other threads, and a
+        snapshot install on the Raft thread empties the journal for a moment before it appends
+        the snapshot's entry: a reader that lands in that moment gets the last pair read."""
+        b = self._b
+        with contextlib.suppress(IndexError):
+            self._last_log_seen = (
+                b._SyncObj__getCurrentLogIndex(),
+                b._SyncObj__getCurrentLogTerm(),
+            )
+        return self._last_log_seen
+
     @property
     def last_log_index(self) -> int:
-        i: int = self._b._SyncObj__getCurrentLogIndex()
-        return i
+        return self._last_log()[0]
 
     @property
     def last_log_term(self) -> int:
-        t: int = self._b._SyncObj__getCurrentLogTerm()
-        return t
+        return self._last_log()[1]
 
     @property
     def conf(self) -> Any:
