@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -406,7 +407,10 @@ async def memory_cap(args: argparse.Namespace) -> dict[str, Any]:
         row["cgroup"] = how.rsplit("/", 1)[0]
     topics = [f"capped-{k}" for k in range(4)]
     published = consumed = 0
-    lost: dict[str, Any] = {}
+    lost: dict[str, int | None] = {}
+    kills: dict[str, int] = {}
+    first_kill: dict[str, float] = {}
+    deaths: dict[str, dict[str, float]] = {}
     errors: list[str] = []
     reached = False
     t0 = time.perf_counter()
@@ -416,12 +420,18 @@ async def memory_cap(args: argparse.Namespace) -> dict[str, Any]:
             caps[nid].add(p.pid)
         cl.leader()
 
-        def losses() -> dict[str, Any]:
-            out = {}
-            for nid, p in cl.procs.items():
-                kills = caps[nid].oom_kills()
-                if p.poll() is not None or kills:
-                    out[nid] = {"exit": p.returncode, "oom_kills": kills}
+        def losses() -> dict[str, int | None]:
+            """Nodes whose process ended (exit status); notes the cgroups' OOM kills (a
+            node, or a child of it such as the snapshot writer) and when the first came."""
+            for nid in cl.procs:
+                kills[nid] = caps[nid].oom_kills()
+            if any(kills.values()) and not first_kill:
+                first_kill.update(s=round(time.perf_counter() - t0, 1),
+                                  published_mb=round(published * size / MB))  # fmt: skip
+            out = {nid: p.returncode for nid, p in cl.procs.items() if p.poll() is not None}
+            for nid in out.keys() - deaths.keys():
+                deaths[nid] = {"s": round(time.perf_counter() - t0, 1),
+                               "published_mb": round(published * size / MB)}  # fmt: skip
             return out
 
         async def publish(c: AsyncClient) -> None:
@@ -444,7 +454,7 @@ async def memory_cap(args: argparse.Namespace) -> dict[str, Any]:
                 got = await c.receive(topics[k % len(topics)], max=50, wait=0.5)
                 k += 1
                 for msg in got:
-                    await msg.ack()
+                    msg.ack_nowait()
                 consumed += len(got)
 
         async with cl.client(cl.urls(), timeout=30) as c:
@@ -455,8 +465,8 @@ async def memory_cap(args: argparse.Namespace) -> dict[str, Any]:
             deadline = time.monotonic() + args.cap_timeout
             try:
                 while not all(t.done() for t in tasks):
-                    lost = losses()
-                    if lost or time.monotonic() > deadline:
+                    lost = losses()  # (on until the majority is gone: how far does it get?)
+                    if 2 * len(lost) > len(cl.procs) or time.monotonic() > deadline:
                         break
                     await asyncio.wait(tasks, timeout=0.5)
             finally:
@@ -464,7 +474,7 @@ async def memory_cap(args: argparse.Namespace) -> dict[str, Any]:
                     task.cancel()
                 await asyncio.gather(*tasks, drainer, return_exceptions=True)
             errors = [repr(t.exception()) for t in tasks if not t.cancelled() and t.exception()]
-            lost = lost or losses()
+            lost = losses()
             reached = published * size >= target and not errors
             if reached and not lost:  # still serving once the backlog is there?
                 with contextlib.suppress(RaftqError):
@@ -473,6 +483,9 @@ async def memory_cap(args: argparse.Namespace) -> dict[str, Any]:
                     row["serves_after"] = bool(got)
         await asyncio.sleep(2)  # (the others' fate: they hold the same state)
         lost = losses()
+        row["oom_victims"] = oom_victims(caps, {nid: p.pid for nid, p in cl.procs.items()})
+        if lost:
+            row["restart_under_cap"] = await restart_capped(cl, caps)
     finally:
         row["rss_mb"] = rss(cl)
         row["cgroup_peak_mb"] = {nid: m.peak_mb() for nid, m in caps.items()}
@@ -481,14 +494,54 @@ async def memory_cap(args: argparse.Namespace) -> dict[str, Any]:
             m.remove()
     row.update(
         seconds=round(time.perf_counter() - t0, 1), published_mb=round(published * size / MB),
-        consumed=consumed, nodes_lost=lost, errors=errors, reached_target=reached,
-        survived=bool(reached and not lost and row.get("serves_after")),
+        consumed=consumed, nodes_exited=lost, node_deaths=deaths, oom_kills=kills,
+        first_oom_kill=first_kill or None, errors=errors, reached_target=reached,
+        survived=bool(reached and not lost and not any(kills.values())
+                      and row.get("serves_after")),
     )  # fmt: skip
     verdict = "SURVIVED" if row["survived"] else "FAILED"
     print(f"  {verdict}: published {row['published_mb']} MB of {row['target_backlog_mb']} MB in "
-          f"{row['seconds']} s, consumed {consumed}; nodes lost {lost}; cgroup peak MB "
-          f"{row['cgroup_peak_mb']}", flush=True)  # fmt: skip
+          f"{row['seconds']} s, consumed {consumed}; nodes exited {lost or 'none'} ({deaths}); "
+          f"OOM kills {kills} (first: {first_kill or '-'}; victims {row.get('oom_victims')}); "
+          f"cgroup peak MB {row['cgroup_peak_mb']}; restart under the cap: "
+          f"{row.get('restart_under_cap', '-')}", flush=True)  # fmt: skip
     return row
+
+
+async def restart_capped(cl: LocalCluster, caps: dict[str, MemCap]) -> str:
+    """The whole capped cluster stopped and started again in its cgroups: does it come back
+    (every node ready), or does replaying the journal hit the cap again? Bounded."""
+    cl.stop(remove=False)
+    t0 = time.perf_counter()
+    cl.start()
+    for nid, p in cl.procs.items():
+        caps[nid].add(p.pid)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        dead = sorted(nid for nid, p in cl.procs.items() if p.poll() is not None)
+        if dead:
+            return f"{', '.join(dead)} killed again after {time.perf_counter() - t0:.1f} s"
+        if await asyncio.to_thread(cl.all_ready, 1):
+            return f"every node ready after {time.perf_counter() - t0:.1f} s"
+    return "not ready within 180 s (no node exited)"
+
+
+def oom_victims(caps: dict[str, MemCap], nodes: dict[str, int]) -> list[str]:
+    """The kernel log's OOM kills in these cgroups: a node, or another process of its cgroup
+    (its forked snapshot writer is one); best effort, empty when the log cannot be read."""
+    try:
+        log = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    by_cgroup = {m.path.name: nid for nid, m in caps.items()}
+    out = []
+    for m in re.finditer(r"oom_memcg=/([^,]+),.*?,pid=(\d+)", log):
+        cgroup, pid = m.groups()
+        nid = by_cgroup.get(cgroup.rsplit("/", 1)[-1])
+        if nid is not None:
+            what = "the node" if int(pid) == nodes[nid] else f"pid {pid}, a child of the node"
+            out.append(f"{nid}: {what}")
+    return out
 
 
 # ---------------------------------------------------------------------- report
@@ -534,8 +587,11 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"\nMemory cap {r['cap_mb']} MB/node ({r.get('cgroup')}), backlog target "
             f"{r['target_backlog_mb']} MB of {r['payload']} B messages: "
             f"**{'survived' if r['survived'] else 'did not survive'}**; published "
-            f"{r['published_mb']} MB in {r['seconds']} s, consumed {r['consumed']}; nodes lost "
-            f"{r['nodes_lost'] or 'none'}; cgroup peak MB {r['cgroup_peak_mb']}."
+            f"{r['published_mb']} MB in {r['seconds']} s, consumed {r['consumed']}; node "
+            f"processes exited {r['nodes_exited'] or 'none'} ({r['node_deaths']}); OOM kills "
+            f"in the cgroups {r['oom_kills']} (first after {r['first_oom_kill'] or '-'}; victims "
+            f"{r.get('oom_victims') or '?'}); cgroup peak MB {r['cgroup_peak_mb']}; restart "
+            f"under the cap: {r.get('restart_under_cap', '-')}."
         )
     return "\n".join(lines)
 
