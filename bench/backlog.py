@@ -8,14 +8,15 @@ Each load (N messages x S bytes, spread over T topics: every pair of --loads and
 fresh local cluster of 3 nodes, fsync always, access control on (``raftq.node.bench``):
 
 - fill: N x S published in batches; RSS per node at the end of the fill (peak: ``VmHWM``) and
-  settled (``VmRSS`` once every node has applied everything); data on disk per node (the whole
-  data dir: journal, snapshots, a payload store if there is one) and the snapshot's size;
-- warm consume: --consume messages received (stream, prefetch 100) and acked, rate until the
-  acks are applied;
+  settled (``VmRSS`` --settle s after every node has applied everything); data on disk per
+  node (the whole data dir: journal, snapshots, a payload store if there is one) and the
+  snapshot's size;
+- warm consume (after --settle: a snapshot of the fill may be being cut before): --consume
+  messages received (stream, prefetch 100) and acked, rate until the acks are applied;
 - restart: every node stopped (SIGTERM) and started: seconds until a publish is accepted and
   until every node is ready; RSS after;
-- cold consume: the page cache dropped (``/proc/sys/vm/drop_caches``, when permitted; the
-  report says when not), then --consume other messages; rate, and its ratio to warm;
+- cold consume: --settle s later, the page cache dropped (``/proc/sys/vm/drop_caches``, when
+  permitted; the report says when not), then --consume other messages; rate, ratio to warm;
 - join: a new empty node started and added as a member; seconds until it has applied the
   leader's commit index, peak RSS of the new node and of the leader meanwhile.
 
@@ -329,6 +330,7 @@ async def one_load(n: int, size: int, ntopics: int, args: argparse.Namespace) ->
         ready = await asyncio.to_thread(cl.all_ready, 300)
         row["restart_ready_s"] = round(time.perf_counter() - t0, 2) if ready else None
         row["rss_after_restart_mb"] = rss(cl)
+        await asyncio.sleep(args.settle)  # (as before the warm one)
         row["page_cache"] = drop_page_cache()
         async with cl.client(cl.urls(), timeout=120) as c:
             secs = await consume(c, cold_topics, count)
@@ -602,7 +604,12 @@ def main() -> int:
                    help="N x S backlogs (default: the issue's)")  # fmt: skip
     p.add_argument("--topics", default="1,100", help="spread each load over this many topics")
     p.add_argument("--consume", type=int, default=200_000, help="messages consumed warm and cold")
-    p.add_argument("--settle", type=float, default=2.0, help="seconds before the settled RSS")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=10.0,
+        help="seconds after the fill before the settled RSS and the warm consume",
+    )
     p.add_argument("--no-join", action="store_true", help="skip adding a fourth node")
     p.add_argument("--cap-mb", type=int, default=512, help="memory cap per node; 0: skip")
     p.add_argument("--cap-factor", type=int, default=3, help="backlog = this x the cap")
