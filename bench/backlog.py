@@ -4,6 +4,10 @@
     .venv/bin/python bench/backlog.py --loads 1000000x100,200000x1024 --topics 1,100
     .venv/bin/python bench/backlog.py --quick              # a smoke test (seconds)
 
+It measures the raftq its interpreter imports: to measure another checkout, run this file with
+that checkout's venv (``/path/to/other/.venv/bin/python bench/backlog.py``); the JSON records
+that checkout's commit.
+
 Each load (N messages x S bytes, spread over T topics: every pair of --loads and --topics) gets a
 fresh local cluster of 3 nodes, fsync always, access control on (``raftq.node.bench``):
 
@@ -47,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import raftq.node.bench as local_cluster_module
 from raftq.client import AsyncClient, RaftqError
 from raftq.node.bench import LocalCluster, pipelined
 from raftq.node.devcluster import get_json
@@ -633,7 +638,7 @@ def main() -> int:
     with contextlib.suppress(OSError):
         meta["commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-            cwd=Path(__file__).parent,
+            cwd=Path(local_cluster_module.__file__).parent,  # (the raftq measured)
         ).stdout.strip()  # fmt: skip
     if not args.only_cap:
         for n, size in parse_loads(args.loads):
