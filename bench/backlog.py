@@ -21,8 +21,9 @@ fresh local cluster of 3 nodes, fsync always, access control on (``raftq.node.be
   until every node is ready; RSS after;
 - cold consume: --settle s later, the page cache dropped (``/proc/sys/vm/drop_caches``, when
   permitted; the report says when not), then --consume other messages; rate, ratio to warm;
-- join: a new empty node started and added as a member; seconds until it has applied the
-  leader's commit index, peak RSS of the new node and of the leader meanwhile.
+- join: the consumed messages published again (N retained), then a new empty node started and
+  added as a member; seconds until it has applied the leader's commit index, peak RSS of the
+  new node and of the leader meanwhile.
 
 Then the memory-cap case (--cap-mb, default 512): a fresh cluster whose every node runs in a
 memory cgroup of that size (v2 ``memory.max``, else v1 ``memory.limit_in_bytes``; no cgroup:
@@ -345,7 +346,10 @@ async def one_load(n: int, size: int, ntopics: int, args: argparse.Namespace) ->
         print(f"  consume+ack warm {row['warm_consume_rate']}/s, cold {row['cold_consume_rate']}"
               f"/s ({row['page_cache']}); restart -> publish {row['restart_publish_s']} s, "
               f"-> all ready {row['restart_ready_s']} s", flush=True)  # fmt: skip
-        if not args.no_join:
+        if not args.no_join:  # of the whole backlog: the consumed messages published again
+            async with cl.client(cl.urls(), timeout=120) as c:
+                await fill(c, topics, 2 * count, size)
+            await asyncio.to_thread(cl.all_ready, 300)
             row.update(await join(cl))
             print(f"  join: caught up in {row['join_s']} s; peak RSS new {row['join_rss_new_mb']}"
                   f" MB, leader {row['join_rss_leader_mb']} MB", flush=True)  # fmt: skip
