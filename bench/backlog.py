@@ -284,6 +284,29 @@ async def consume(c: AsyncClient, topics: list[str], count: int) -> float:
     return time.perf_counter() - t0
 
 
+class NodeDied(RuntimeError):
+    pass
+
+
+async def ready(cl: LocalCluster, timeout: float) -> bool:
+    """Every node ready and caught up (``all_ready``) within ``timeout``; a node that exits
+    meanwhile ends the wait at once (``NodeDied``, naming it and its log's last line)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dead = {nid: p.returncode for nid, p in cl.procs.items() if p.poll() is not None}
+        if dead:
+            last = {nid: _last_line(cl.dir / f"{nid}.log") for nid in dead}
+            raise NodeDied(f"node(s) exited {dead}: {last}")
+        if await asyncio.to_thread(cl.all_ready, 2):
+            return True
+    return False
+
+
+def _last_line(path: Path) -> str:
+    lines = _read(path).strip().splitlines()
+    return lines[-1][:300] if lines else ""
+
+
 def caught_up(cl: LocalCluster, nid: str) -> bool:
     leader = cl.leader()
     try:
@@ -308,7 +331,7 @@ async def one_load(n: int, size: int, ntopics: int, args: argparse.Namespace) ->
                 await c.create_topic(t, UNLIMITED)
             row["fill_s"] = round(await fill(c, topics, n, size), 2)
             row["fill_rate"] = round(n / row["fill_s"])
-        await asyncio.to_thread(cl.all_ready, 300)
+        await ready(cl, 300)
         row["rss_peak_mb"] = rss(cl, "VmHWM")
         await asyncio.sleep(args.settle)
         row["rss_settled_mb"] = rss(cl)
@@ -333,8 +356,8 @@ async def one_load(n: int, size: int, ntopics: int, args: argparse.Namespace) ->
         async with cl.client(cl.urls(), timeout=300) as c:
             await c.publish(topics[-1], b"after restart")
             row["restart_publish_s"] = round(time.perf_counter() - t0, 2)
-        ready = await asyncio.to_thread(cl.all_ready, 300)
-        row["restart_ready_s"] = round(time.perf_counter() - t0, 2) if ready else None
+        ok = await ready(cl, 300)
+        row["restart_ready_s"] = round(time.perf_counter() - t0, 2) if ok else None
         row["rss_after_restart_mb"] = rss(cl)
         await asyncio.sleep(args.settle)  # (as before the warm one)
         row["page_cache"] = drop_page_cache()
@@ -349,7 +372,7 @@ async def one_load(n: int, size: int, ntopics: int, args: argparse.Namespace) ->
         if not args.no_join:  # of the whole backlog: the consumed messages published again
             async with cl.client(cl.urls(), timeout=120) as c:
                 await fill(c, topics, 2 * count, size)
-            await asyncio.to_thread(cl.all_ready, 300)
+            await ready(cl, 300)
             row.update(await join(cl))
             print(f"  join: caught up in {row['join_s']} s; peak RSS new {row['join_rss_new_mb']}"
                   f" MB, leader {row['join_rss_leader_mb']} MB", flush=True)  # fmt: skip
