@@ -600,17 +600,20 @@ def table(rows: list[dict[str, Any]]) -> str:
         if "cap_mb" in r:
             continue
         load = f"{r['messages']:,} x {r['size']} B, {r['topics']} topic(s)"
-        if "error" in r:
-            lines.append(f"| {load} | {r['backlog_mb']} | failed: {r['error']} |||||| ")
-            continue
         join = (f"{r['join_s']} ({r['join_rss_new_mb']:.0f} / {r['join_rss_leader_mb']:.0f})"
                 if "join_s" in r else "-")  # fmt: skip
+        consumed = (f"{r['warm_consume_rate']} / {r['cold_consume_rate']} "
+                    f"({r['cold_over_warm']}x)" if "cold_over_warm" in r else "-")  # fmt: skip
         lines.append(
-            f"| {load} | {r['backlog_mb']} | {worst(r['rss_peak_mb'])} / "
-            f"{worst(r['rss_settled_mb'])} | {worst(r['disk_mb'])} | {snap(r['snapshot_mb'])} | "
-            f"{r['restart_publish_s']} | {join} | {r['warm_consume_rate']} / "
-            f"{r['cold_consume_rate']} ({r['cold_over_warm']}x) |"
+            f"| {load} | {r['backlog_mb']} | {worst(r.get('rss_peak_mb'))} / "
+            f"{worst(r.get('rss_settled_mb'))} | {worst(r.get('disk_mb'))} | "
+            f"{snap(r.get('snapshot_mb'))} | {r.get('restart_publish_s', '-')} | {join} | "
+            f"{consumed} |"
         )
+    failed = [r for r in rows if "error" in r]
+    for r in failed:  # (what was measured before it is in the row above)
+        lines.append(f"\n{r['messages']:,} x {r['size']} B, {r['topics']} topic(s) failed: "
+                     f"{r['error']}")  # fmt: skip
     for r in rows:
         if "cap_mb" not in r:
             continue
