@@ -269,11 +269,12 @@ async def consume(c: AsyncClient, topics: list[str], count: int) -> float:
         take = min(left, before[t])
         got = 0
         if take:
-            async for msg in c.consume(t, prefetch=100, stream=True):
-                msg.ack_nowait()
-                got += 1
-                if got >= take:
-                    break
+            async with asyncio.timeout(600):  # (bounded: a stalled stream fails the load)
+                async for msg in c.consume(t, prefetch=100, stream=True):
+                    msg.ack_nowait()
+                    got += 1
+                    if got >= take:
+                        break
         left -= got
     deadline = time.perf_counter() + 60
     while time.perf_counter() < deadline:
