@@ -16,6 +16,7 @@ from raftq.client import (
     AsyncClient,
     Client,
     ClusterInfo,
+    ClusterSettings,
     Created,
     GroupInfo,
     Redriven,
@@ -49,6 +50,7 @@ async def test_answers_have_the_keys_their_types_declare(server: tuple[LocalRaft
         conforms(await c.create_group(topic, "g", config={"max_attempts": 1}), Created)
         await c.publish(topic, b"x")
         conforms(await c.cluster(), ClusterInfo)
+        conforms(await c.cluster_settings(), ClusterSettings)
         info = await c.topic(topic)
         conforms(info, TopicInfo)
         for g in info["groups"]:

@@ -16,6 +16,14 @@ MSG = {"payload": b"x", "key": "p-e-1"}
 # builder: (example call, method, idempotent, settle)
 TABLE: dict[str, tuple[Callable[[], core.Request], str, bool, bool]] = {
     "cluster": (lambda: rq.cluster(), "GET", True, False),
+    "cluster_settings": (lambda: rq.cluster_settings(), "GET", True, False),
+    # setting a value twice is setting it once
+    "update_cluster_settings": (
+        lambda: rq.update_cluster_settings({"max_retained_bytes": 5}),
+        "PATCH",
+        True,
+        False,
+    ),
     "add_member": (lambda: rq.add_member("n4", "h:9004", "h:8004"), "POST", False, False),
     "remove_member": (lambda: rq.remove_member("n4"), "DELETE", False, False),
     "create_topic": (lambda: rq.create_topic("t", None, None, False), "POST", False, False),
@@ -48,6 +56,7 @@ TABLE: dict[str, tuple[Callable[[], core.Request], str, bool, bool]] = {
     # a resent create could make a second token, and the first one's secret would be lost
     "create_token": (lambda: rq.create_token("ci", [], False, None), "POST", False, False),
     "list_tokens": (lambda: rq.list_tokens(), "GET", True, False),
+    "sqs_credentials": (lambda: rq.sqs_credentials(), "GET", True, False),
     "token": (lambda: rq.token("abc"), "GET", True, False),
     "update_token": (lambda: rq.update_token("abc", {"disabled": True}), "PATCH", True, False),
     "revoke_token": (lambda: rq.revoke_token("abc"), "DELETE", True, False),

@@ -68,6 +68,8 @@ def check_invariants(b: Broker) -> None:
     deadlines = {(d, t, g, s) for d, t, g, seqs in b._deadlines for s in seqs}
     delays = {(d, t, g, s) for d, t, g, seqs in b._delays for s in seqs}
     consumers: dict[str, set[tuple[str, str]]] = {}
+    # the node-wide retained-bytes total (the max_retained_bytes limit) is the topics' sum
+    assert b._retained[0] == sum(t.bytes for t in b.topics.values())
     for t in b.topics.values():
         msgs, refs, base = t.msgs, t.refs, t.first_seq
         assert len(msgs) == len(refs) and base + len(msgs) == t.next_seq, t.name

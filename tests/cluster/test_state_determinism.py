@@ -134,6 +134,9 @@ def make_log(seed: int, entries: int) -> list[bytes]:
             return {"op": rng.choice(["nope", "publish", "receive"]), "topic": 7}
         if r < 0.97:
             return token_command()
+        if r < 0.975:  # the node-wide limit, around what the log retains
+            limit = rng.choice([None, 300, 1500, 3000])
+            return {"op": "cluster_settings", "config": {"max_retained_bytes": limit}}
         return {"op": "tick"}
 
     def token_command() -> dict[str, Any]:
@@ -235,8 +238,11 @@ def test_the_random_log_keeps_the_bookkeeping_consistent_and_exercises_every_pat
     paths (a log that never dead-letters or times out proves little)."""
     b = Broker()
     blocked = 0  # most messages an ordered group held back at once behind their key
+    codes: dict[str, int] = {}
     for data in make_log(1, 800):
-        apply_entry(b, data)
+        for res in apply_entry(b, data):
+            if "error" in res:
+                codes[res["error"]["code"]] = codes.get(res["error"]["code"], 0) + 1
         check_invariants(b)
         for topic in b.topics.values():
             for g in topic.groups.values():
@@ -253,3 +259,4 @@ def test_the_random_log_keeps_the_bookkeeping_consistent_and_exercises_every_pat
     assert any(t.endswith(".dlq") for t in b.list_topics())
     assert b.tokens(), "some tokens are left for the snapshots to carry"
     assert blocked > 3, blocked
+    assert codes.get("storage_full", 0) > 3, codes

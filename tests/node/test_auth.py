@@ -102,6 +102,8 @@ def bodies(topic: str) -> dict[tuple[str, str], Any]:
         ("PATCH", "/tokens/{token}"): {"disabled": False},
         ("POST", "/cluster/members"): {"id": "n9", "raft": "127.0.0.1:1", "api": "127.0.0.1:1"},
         ("DELETE", "/cluster/members/{node}"): {},
+        ("POST", "/sqs"): {},  # (SigV4, checked by the SQS endpoint itself: tests/sqs)
+        ("PATCH", "/cluster/settings"): {"max_retained_bytes": None},
     }
 
 

@@ -187,7 +187,7 @@ def test_cluster_up_starts_stops_and_resumes_with_its_data(tmp_path: Path) -> No
     api, raft = _consecutive_free_ports(3), _consecutive_free_ports(3)
     cmd = [sys.executable, "-m", "raftq.node", "cluster", "up", "--nodes", "3",
            "--dir", str(tmp_path / ".raftq"), "--api-port", str(api), "--raft-port", str(raft),
-           "--fsync", "never"]  # fmt: skip
+           "--sqs-port", str(_consecutive_free_ports(3)), "--fsync", "never"]  # fmt: skip
 
     def up(run: int) -> tuple[subprocess.Popen[bytes], Path]:
         out = tmp_path / f"out{run}.txt"
@@ -246,7 +246,7 @@ def test_cluster_up_fails_fast_when_a_node_cannot_start(tmp_path: Path) -> None:
         proc = subprocess.run(
             [sys.executable, "-m", "raftq.node", "cluster", "up", "--nodes", "1",
              "--dir", str(tmp_path / ".raftq"), "--api-port", str(api),
-             "--raft-port", str(raft)],
+             "--raft-port", str(raft), "--sqs-port", str(_consecutive_free_ports(1))],
             capture_output=True, timeout=60,
         )  # fmt: skip
     assert proc.returncode == 1
@@ -293,8 +293,10 @@ def test_cluster_up_hands_out_a_token_that_the_cli_run_there_finds(tmp_path: Pat
             input=stdin.decode(), capture_output=True, text=True, cwd=cwd, env=env, timeout=60,
         )  # fmt: skip
 
+    sqs_port = _consecutive_free_ports(3)
     cmd = [sys.executable, "-m", "raftq.node", "cluster", "up", "--nodes", "3",
-           "--api-port", str(api), "--raft-port", str(raft), "--fsync", "never"]  # fmt: skip
+           "--api-port", str(api), "--raft-port", str(raft), "--sqs-port", str(sqs_port),
+           "--fsync", "never"]  # fmt: skip
     with running(cmd, out, cwd=tmp_path, env=env) as proc:
         wait_for("the cluster to come up", lambda: b"Try it" in out.read_bytes(), 60, 0.1)
         path = tmp_path / ".raftq" / "admin.token"
@@ -322,6 +324,20 @@ def test_cluster_up_hands_out_a_token_that_the_cli_run_there_finds(tmp_path: Pat
         (tmp_path / "elsewhere").mkdir()
         done = cli("status", cwd=tmp_path / "elsewhere")
         assert done.returncode == 1 and "token" in done.stderr, done.stderr
+        # The SQS endpoint on every node, with the credentials it printed.
+        wait_for("the SQS note", lambda: b"AWS_SECRET_ACCESS_KEY=" in out.read_bytes(), 30)
+        line = next(x for x in out.read_text().splitlines() if "AWS_SECRET_ACCESS_KEY=" in x)
+        aws = dict(kv.split("=", 1) for kv in line.split()[1:])
+        assert aws["AWS_ACCESS_KEY_ID"] == "admin"
+        boto3 = pytest.importorskip("boto3")
+        for i in range(3):
+            sqs = boto3.client(
+                "sqs", endpoint_url=f"http://127.0.0.1:{sqs_port + i}", region_name="us-east-1",
+                aws_access_key_id="admin", aws_secret_access_key=aws["AWS_SECRET_ACCESS_KEY"],
+            )  # fmt: skip
+            url = sqs.create_queue(QueueName="jobs")["QueueUrl"]
+            sqs.send_message(QueueUrl=url, MessageBody=f"via n{i + 1}")
+            assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
 
 
 @pytest.mark.slow
@@ -357,7 +373,8 @@ def test_cluster_up_with_tls_serves_https_with_a_ca_it_hands_out(tmp_path: Path)
         )  # fmt: skip
 
     cmd = [sys.executable, "-m", "raftq.node", "cluster", "up", "--nodes", "2", "--tls",
-           "--api-port", str(api), "--raft-port", str(raft), "--fsync", "never"]  # fmt: skip
+           "--api-port", str(api), "--raft-port", str(raft),
+           "--sqs-port", str(_consecutive_free_ports(2)), "--fsync", "never"]  # fmt: skip
     with running(cmd, out, cwd=tmp_path, env=env):
         wait_for("the cluster to come up", lambda: b"Try it" in out.read_bytes(), 60, 0.1)
         text = out.read_text()

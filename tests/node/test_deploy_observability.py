@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from raftq.cluster.raft import RaftConfig, RaftNode
 from raftq.node.app import SERVICE
+from raftq.node.diskguard import Reserve
 from raftq.node.local import LocalRaft
 from tests.node.inprocess import admin_client, app
 
@@ -35,12 +38,16 @@ async def exported() -> set[str]:
     raft = LocalRaft()
     cfg = RaftConfig("n1", "127.0.0.1:1", "127.0.0.1:2", {}, None, None, insecure=True)
     raft.stats = RaftNode(cfg).stats  # type: ignore[attr-defined]
-    application = app(raft)
+    data = tempfile.mkdtemp()  # (a node with a data dir exports its disk's series)
+    application = app(raft, data_dir=data, min_free_disk=Reserve(bytes=0))
     async with admin_client(application) as client:
+        r = await client.patch("/cluster/settings", json={"max_retained_bytes": 1 << 30})
+        assert r.status == 200
         assert (await client.post("/topics", json={"topic": "t"})).status == 201
         payload = base64.b64encode(b"m").decode()
         assert (await client.post("/topics/t/messages", json={"payload": payload})).status == 200
     text = application[SERVICE].metrics.render().decode()
+    os.rmdir(data)
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 

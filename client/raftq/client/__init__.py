@@ -23,6 +23,7 @@ from raftq.client.errors import (
     ReceiptInvalid,
     ReceiptStale,
     ServerError,
+    StorageFull,
     TLSError,
     TokenExists,
     TokenNotFound,
@@ -35,6 +36,7 @@ from raftq.client.errors import (
 )
 from raftq.client.types import (
     ClusterInfo,
+    ClusterSettings,
     Created,
     Deleted,
     GroupConfigured,
@@ -58,6 +60,7 @@ __all__ = [
     "AsyncMessage",
     "Client",
     "ClusterInfo",
+    "ClusterSettings",
     "Conflict",
     "Created",
     "Deleted",
@@ -86,6 +89,7 @@ __all__ = [
     "ServerError",
     "SettleError",
     "SettleResult",
+    "StorageFull",
     "Subscription",
     "TLSError",
     "TokenExists",

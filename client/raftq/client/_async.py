@@ -42,6 +42,7 @@ from raftq.client.errors import (
 from raftq.client.transport import AsyncTransport, TLSFailed, tls_failure
 from raftq.client.types import (
     ClusterInfo,
+    ClusterSettings,
     Created,
     Deleted,
     GroupConfigured,
@@ -632,6 +633,17 @@ class AsyncClient:
         self.endpoints.learn(core.leader_from_cluster(body))
         return body
 
+    async def cluster_settings(self) -> ClusterSettings:
+        """The cluster settings (``max_retained_bytes``: None when unlimited) and the payload
+        bytes retained over every topic."""
+        return cast(ClusterSettings, await self.request(rq.cluster_settings()))
+
+    async def update_cluster_settings(self, **changes: Any) -> ClusterSettings:
+        """Change cluster settings (a ``cluster`` token): ``max_retained_bytes=N`` (None: no
+        limit). A publish that would retain more payload bytes over every topic raises
+        ``StorageFull``; dead letters and redrives pass; lowering it deletes nothing."""
+        return cast(ClusterSettings, await self.request(rq.update_cluster_settings(changes)))
+
     async def add_member(self, node_id: str, raft: str, api: str) -> Membership:
         """Add a node to the cluster (start it first, with every member as a peer)."""
         return cast(Membership, await self.request(rq.add_member(node_id, raft, api)))
@@ -654,6 +666,10 @@ class AsyncClient:
         return cast(
             TokenInfo, await self.request(rq.create_token(name, grants, cluster, expires_in))
         )
+
+    async def sqs_credentials(self) -> dict[str, str]:
+        """This token's SQS access key id and secret access key (for the SQS endpoint)."""
+        return dict(await self.request(rq.sqs_credentials()))
 
     async def list_tokens(self) -> list[TokenInfo]:
         return list((await self.request(rq.list_tokens()))["tokens"])

@@ -33,6 +33,7 @@ from raftq.client.errors import (
     ProtocolError,
     RaftqError,
     RaftqTimeout,
+    StorageFull,
     TLSError,
     TopicFull,
     Unavailable,
@@ -281,7 +282,9 @@ def retry_delay(err: RaftqError, req: Request, attempt: int, remaining: float) -
     wait = server_wait(err)
     if isinstance(err, TopicFull) and not req.wait_full:
         return None
-    if wait is not None and (isinstance(err, Unavailable | TopicFull) or err.status == 429):
+    if wait is not None and (
+        isinstance(err, Unavailable | TopicFull | StorageFull) or err.status == 429
+    ):
         if wait > remaining:
             return None  # no try could be made in time: the server's answer now
         return min(remaining, wait * random.uniform(1.0, 1.0 + RETRY_AFTER_JITTER))

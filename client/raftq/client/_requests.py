@@ -18,6 +18,14 @@ def cluster() -> Request:
     return Request("GET", "/cluster", idempotent=True)
 
 
+def cluster_settings() -> Request:
+    return Request("GET", "/cluster/settings", idempotent=True)
+
+
+def update_cluster_settings(changes: Mapping[str, Any]) -> Request:
+    return Request("PATCH", "/cluster/settings", dict(changes), idempotent=True)
+
+
 def add_member(node_id: str, raft: str, api: str) -> Request:
     body = {"id": node_id, "raft": raft, "api": api}
     return Request("POST", "/cluster/members", body, idempotent=False)
@@ -41,6 +49,10 @@ def create_token(
     # (a retry after an unknown outcome could make a second token, and the first one's
     # secret would be lost with the answer)
     return Request("POST", "/tokens", body, idempotent=False)
+
+
+def sqs_credentials() -> Request:
+    return Request("GET", "/sqs/credentials", idempotent=True)
 
 
 def list_tokens() -> Request:

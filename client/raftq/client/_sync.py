@@ -30,6 +30,7 @@ from raftq.client.errors import RaftqError, Unavailable, UnknownOutcome
 from raftq.client.transport import ConnectFailed, HttpError, TLSFailed, Transport
 from raftq.client.types import (
     ClusterInfo,
+    ClusterSettings,
     Created,
     Deleted,
     GroupConfigured,
@@ -257,6 +258,17 @@ class Client:
         self.endpoints.learn(core.leader_from_cluster(body))
         return body
 
+    def cluster_settings(self) -> ClusterSettings:
+        """The cluster settings (``max_retained_bytes``: None when unlimited) and the payload
+        bytes retained over every topic."""
+        return cast(ClusterSettings, self.request(rq.cluster_settings()))
+
+    def update_cluster_settings(self, **changes: Any) -> ClusterSettings:
+        """Change cluster settings (a ``cluster`` token): ``max_retained_bytes=N`` (None: no
+        limit). A publish that would retain more payload bytes over every topic raises
+        ``StorageFull``; dead letters and redrives pass; lowering it deletes nothing."""
+        return cast(ClusterSettings, self.request(rq.update_cluster_settings(changes)))
+
     def add_member(self, node_id: str, raft: str, api: str) -> Membership:
         """Add a node to the cluster (start it first, with every member as a peer)."""
         return cast(Membership, self.request(rq.add_member(node_id, raft, api)))
@@ -277,6 +289,10 @@ class Client:
         """A new API token: the answer's ``token`` is its secret, shown only this once.
         ``grants``: ``[{"topics": "orders.*", "actions": ["publish", "consume"]}]``."""
         return cast(TokenInfo, self.request(rq.create_token(name, grants, cluster, expires_in)))
+
+    def sqs_credentials(self) -> dict[str, str]:
+        """This token's SQS access key id and secret access key (for the SQS endpoint)."""
+        return dict(self.request(rq.sqs_credentials()))
 
     def list_tokens(self) -> list[TokenInfo]:
         return list((self.request(rq.list_tokens()))["tokens"])

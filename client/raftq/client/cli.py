@@ -18,6 +18,7 @@ import base64
 import errno
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -66,6 +67,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 # One example per command, shown at the end of its --help.
 EXAMPLES = {
     "status": "raftq status    # exits 3 when there is no leader",
+    "settings": "raftq settings --max-retained-bytes 50GiB    # none: no limit",
     "member add": "raftq member add n4 10.0.0.4:9001 10.0.0.4:8001",
     "member remove": "raftq member remove n4",
     "topic create": "raftq topic create orders --config max_messages=100000",
@@ -92,6 +94,7 @@ EXAMPLES = {
     "dlq redrive": "raftq dlq redrive orders.dlq --max 1000",
     "token create": "raftq token create billing --grant 'billing.*=consume'",
     "token list": "raftq token list",
+    "sqs credentials": "eval $(raftq sqs credentials)   # then: aws --endpoint-url ... sqs",
     "token show": "raftq token show billing",
     "token revoke": "raftq token revoke billing",
     "token new": "export RAFTQ_ADMIN_TOKEN=$(raftq token new)",
@@ -194,6 +197,21 @@ def register(sub: Any, parser: argparse.ArgumentParser | None = None) -> None:
 
     cmd(sub, "status", _status, "show the cluster: members, observed roles, leader, indexes")
 
+    p = cmd(
+        sub,
+        "settings",
+        _settings,
+        "show the cluster settings and the bytes retained, or change a setting (a cluster token)",
+    )
+    p.add_argument(
+        "--max-retained-bytes",
+        type=size_arg,
+        default=argparse.SUPPRESS,
+        metavar="SIZE",
+        help="payload bytes retained over every topic at most (e.g. 50GiB, 500MB; none: no"
+        " limit): a publish past it is refused, storage_full",
+    )
+
     msub = group("member", "add or remove cluster members")
     p = cmd(msub, "member add", _member_add, "add a started node to the cluster")
     p.add_argument("id")
@@ -201,6 +219,14 @@ def register(sub: Any, parser: argparse.ArgumentParser | None = None) -> None:
     p.add_argument("api", help="its HTTP host:port")
     p = cmd(msub, "member remove", _member_remove, "remove a node from the cluster")
     p.add_argument("id")
+
+    ssub = group("sqs", "the SQS-compatible endpoint")
+    cmd(
+        ssub,
+        "sqs credentials",
+        _sqs_credentials,
+        "this token's SQS credentials (access key id, secret access key), as shell exports",
+    )
 
     tsub = group("topic", "create, list, show, peek, delete or purge topics")
     p = cmd(tsub, "topic create", _topic_create, "create a topic")
@@ -786,6 +812,38 @@ def _status(args: argparse.Namespace, c: Client) -> int:
     return EXIT_OK
 
 
+_SIZE = re.compile(r"([0-9]+)\s*([kmgt]i?)?b?", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_SIZE_UNITS.update({"ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40})
+
+
+def size_arg(text: str) -> int | None:
+    """``50GiB``, ``500MB``, ``1000`` (bytes) or ``none``. (The node's ``--min-free-disk``
+    reads the same, and percentages: ``raftq.node.diskguard``; the client imports no node
+    code.)"""
+    if text.strip().lower() in ("none", "null"):
+        return None
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size (e.g. 50GiB, 500MB, none): {text!r}")
+    return int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()]
+
+
+def _settings(args: argparse.Namespace, c: Client) -> int:
+    if hasattr(args, "max_retained_bytes"):
+        res = c.update_cluster_settings(max_retained_bytes=args.max_retained_bytes)
+    else:
+        res = c.cluster_settings()
+
+    def human() -> str:
+        limit = res["settings"]["max_retained_bytes"]
+        shown = "none" if limit is None else f"{limit} ({size(limit)})"
+        retained = res["retained_bytes"]
+        return f"max_retained_bytes  {shown}\nretained_bytes      {retained} ({size(retained)})"
+
+    return _emit(args, res, human)
+
+
 def _member_add(args: argparse.Namespace, c: Client) -> int:
     res = c.add_member(args.id, args.raft, args.api)
     return _emit(args, res, lambda: f"added {args.id}; members: {', '.join(res['members'])}")
@@ -1229,6 +1287,19 @@ def _token_create(args: argparse.Namespace, c: Client) -> int:
         )
 
     return _emit(args, res, human)
+
+
+def _sqs_credentials(args: argparse.Namespace, c: Client) -> int:
+    creds = c.sqs_credentials()
+
+    def human() -> str:
+        return (
+            f"export AWS_ACCESS_KEY_ID={creds['access_key_id']}"
+            f" AWS_SECRET_ACCESS_KEY={creds['secret_access_key']}"
+            f" AWS_DEFAULT_REGION={creds.get('region', 'us-east-1')}"
+        )
+
+    return _emit(args, creds, human)
 
 
 def _token_list(args: argparse.Namespace, c: Client) -> int:

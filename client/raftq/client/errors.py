@@ -20,6 +20,8 @@ the server asked the client to wait (its ``Retry-After``, on 429 and 503), else 
     │   ├── GroupExists                 group_exists
     │   └── TokenExists                 token_exists
     ├── TopicFull                       topic_full (429)
+    ├── StorageFull                     storage_full (507): the cluster's max_retained_bytes or
+    │                                   a node's free-disk reserve; not retried
     ├── ReceiptError
     │   ├── ReceiptInvalid              receipt_invalid
     │   └── ReceiptStale                receipt_stale
@@ -120,6 +122,16 @@ class TokenExists(Conflict):
 
 class TopicFull(RaftqError):
     code = "topic_full"
+
+
+class StorageFull(RaftqError):
+    """The cluster holds as many payload bytes as its ``max_retained_bytes`` allows
+    (``retained_bytes``, ``max_retained_bytes``), or the leader's data disk is below its
+    reserve (``node``, ``free_bytes``, ``min_free_bytes``). Nothing was stored. Raised at once
+    (room comes back only as consumers drain, or an operator acts), and retried only after a
+    ``Retry-After`` if the server sends one."""
+
+    code = "storage_full"
 
 
 class ReceiptError(RaftqError):
@@ -228,6 +240,8 @@ def _by_status(status: int) -> type[RaftqError]:
         return MessageTooLarge
     if status == 429:
         return TopicFull
+    if status == 507:
+        return StorageFull
     if status in (502, 503, 504):
         return Unavailable
     if 400 <= status < 500:

@@ -99,6 +99,25 @@ class Member(TypedDict, total=False):
     self: bool
     answers: bool
     observed_role: str  # (set by the CLI's status: what it saw, not what the node says)
+    # role, term, commit_index, applied_index, rss_bytes, fsyncs, fsync_seconds, snapshots,
+    # last_snapshot_seconds: from the member's /healthz when it answers (the web console's)
+    figures: dict[str, Any]
+
+
+class DiskInfo(TypedDict):
+    """A node's data disk: publishes are refused (``StorageFull``) while ``ok`` is false."""
+
+    free_bytes: int
+    min_free_bytes: int
+    ok: bool
+
+
+class StorageInfo(TypedDict):
+    """``cluster()["storage"]``: payload bytes retained vs the cluster's limit, this node's disk."""
+
+    retained_bytes: int
+    max_retained_bytes: int | None
+    disk: NotRequired[DiskInfo]
 
 
 class ClusterInfo(TypedDict):
@@ -116,7 +135,20 @@ class ClusterInfo(TypedDict):
     last_log_term: NotRequired[int]
     running: NotRequired[bool]
     error: NotRequired[str]
+    storage: NotRequired[StorageInfo]
     digest: NotRequired[str]
+    you: NotRequired[dict[str, Any]]  # the caller: name, cluster, all, grants
+
+
+class Settings(TypedDict):
+    max_retained_bytes: int | None
+
+
+class ClusterSettings(TypedDict):
+    """``cluster_settings``: the settings and the payload bytes retained over every topic."""
+
+    settings: Settings
+    retained_bytes: int
 
 
 class Membership(TypedDict):

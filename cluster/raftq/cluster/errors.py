@@ -17,6 +17,7 @@ maps back to an exception class) and carries its data as attributes, also collec
     │   ├── GroupExists               group_exists      topic, group
     │   └── TokenExists               token_exists      field, id or name
     ├── TopicFull                     topic_full        topic, count, bytes, max_messages, max_bytes
+    ├── StorageFull                   storage_full      retained_bytes, max_retained_bytes, bytes
     └── ReceiptError                  receipt_error
         ├── ReceiptInvalid            receipt_invalid   receipt
         └── ReceiptStale              receipt_stale     receipt
@@ -96,6 +97,13 @@ class TokenExists(Conflict):
 
 class TopicFull(BrokerError):
     code = "topic_full"
+
+
+class StorageFull(BrokerError):
+    """The node-wide limit on retained bytes (or, raised by the node, its free-disk reserve)
+    refuses a publish; nothing was stored."""
+
+    code = "storage_full"
 
 
 class ReceiptError(BrokerError):

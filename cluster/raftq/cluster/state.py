@@ -53,6 +53,7 @@ from raftq.cluster.errors import (
     MessageTooLarge,
     ReceiptInvalid,
     ReceiptStale,
+    StorageFull,
     TokenExists,
     TokenNotFound,
     TopicExists,
@@ -64,9 +65,10 @@ from raftq.cluster.grants import check_grants, check_patterns, matches
 # 2: topics carry their running publish delays; 3: dedup keys per publish; 4: API tokens,
 # written only when there is one (else 3, which nodes without tokens can still install);
 # 5: ordering keys, ordered groups, topic labels and first-receive times, written only when one
-# of them is in the state (else 3 or 4).
-SNAPSHOT_VERSION = 5
-READABLE_SNAPSHOTS = (2, 3, 4, 5)
+# of them is in the state (else 3 or 4); 6: cluster settings (max_retained_bytes), written only
+# while one is set (else 3, 4 or 5).
+SNAPSHOT_VERSION = 6
+READABLE_SNAPSHOTS = (2, 3, 4, 5, 6)
 DEFAULT_GROUP = v.DEFAULT_GROUP
 DLQ_PREFIX = "x-raftq-dlq-"
 REDRIVE_HEADER = "x-raftq-redrives"
@@ -157,7 +159,8 @@ TOPIC_COUNTERS = ("published", "duplicates", "dropped_overflow", "expired", "pur
 
 class Topic:
     __slots__ = (
-        "bytes",
+        "_bytes",
+        "_total",
         "config",
         "count",
         "counters",
@@ -175,17 +178,22 @@ class Topic:
         "refs",
     )
 
-    def __init__(self, name: str, config: dict[str, Any], created_at: int) -> None:
+    def __init__(
+        self, name: str, config: dict[str, Any], created_at: int, total: list[int]
+    ) -> None:
         self.name = name
         self.config = config
         self.created_at = created_at
+        # ``bytes`` (payload bytes retained) is a property that keeps ``total[0]``, the sum over
+        # every topic of the Broker (its retained-bytes limit), in step wherever it changes.
+        self._total = total
+        self._bytes = 0
         self.next_seq = 1
         self.msgs: list[Msg | None] = []
         self.refs: list[int] = []
         self.first_seq = 1  # seq of msgs[0]
         self.head = 0  # msgs[:head] are gone
         self.count = 0
-        self.bytes = 0
         self.groups: dict[str, Group] = {}
         # Idempotency keys seen within the dedup window: key -> seq. They expire per publish
         # command: dedup_heap holds (expires_at, first seq, keys) for each publish that added
@@ -197,6 +205,15 @@ class Topic:
         # seq -> due of messages published with a delay that may not be due yet, so that a
         # group created later with start=earliest delays them too (pruned when due).
         self.publish_delays: dict[int, int] = {}
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    @bytes.setter
+    def bytes(self, value: int) -> None:
+        self._total[0] += value - self._bytes
+        self._bytes = value
 
     def get(self, seq: int) -> Msg | None:
         i = seq - self.first_seq
@@ -408,6 +425,10 @@ class Broker:
         # Set for good once a message with an ordering key is published: from then on the
         # snapshot is v5 (older nodes could not honour the keys).
         self._keyed = False
+        # Payload bytes retained over every topic (kept by ``Topic.bytes``) and the cluster
+        # settings (``validate.CLUSTER_SETTINGS``; only the ones set).
+        self._retained = [0]
+        self.settings: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ entry points
 
@@ -568,7 +589,7 @@ class Broker:
                 return {"topic": name, "created": False}
             raise TopicExists(f"topic {name!r} already exists", topic=name)
         config, groups = v.topic_spec(name, cmd)
-        t = Topic(name, config, self.now)
+        t = Topic(name, config, self.now, self._retained)
         self.topics[name] = t
         for gname, gcfg in groups:
             t.groups[gname] = Group(gname, gcfg, t.next_seq)
@@ -577,7 +598,7 @@ class Broker:
     def _ensure_dlq(self, name: str) -> Topic:
         t = self.topics.get(name)
         if t is None:
-            t = Topic(name, v.topic_config({}), self.now)
+            t = Topic(name, v.topic_config({}), self.now, self._retained)
             self.topics[name] = t
             cfg = v.group_config(name, {"max_attempts": 0, "dead_letter_topic": None})
             t.groups[DEFAULT_GROUP] = Group(DEFAULT_GROUP, cfg, t.next_seq)
@@ -594,6 +615,7 @@ class Broker:
         for g in t.groups.values():
             self._forget_consumers(t, g)
         del self.topics[t.name]
+        t.bytes = 0  # (out of the node-wide total)
         self._aging.forget(t.name)
         self._dedup_expiry.forget(t.name)
         return {"topic": t.name, "deleted": True}
@@ -758,6 +780,9 @@ class Broker:
                 max_messages=max_n,
                 max_bytes=max_b,
             )
+        limit = self.settings.get("max_retained_bytes")
+        if n and limit is not None:
+            self._check_retained(t, add_bytes, limit)
         groups = list(t.groups.values())
         ngroups = len(groups)
         tmsgs, trefs = t.msgs, t.refs
@@ -801,6 +826,26 @@ class Broker:
         if cfg["max_age"] is not None:
             self._aging.note(t.name, _age_due(t))
         return {"topic": t.name, "messages": results}
+
+    def _check_retained(self, t: Topic, add: int, limit: int) -> None:
+        """Refuse a publish that would take the payload bytes retained over every topic past
+        ``limit`` (``storage_full``). A ``drop_oldest`` topic with ``max_bytes`` counts at most
+        that much after the publish (its own overflow drops first), so a topic used as a ring
+        buffer keeps rolling at the limit; the bound is conservative, never under. Dead letters
+        and redrives do not come here (as they bypass ``reject``): none is lost."""
+        after = t.bytes + add
+        cap = t.config["max_bytes"]
+        if t.config["overflow"] == "drop_oldest" and cap is not None and after > cap:
+            after = cap
+        retained = self._retained[0]
+        if retained - t.bytes + after > limit:
+            raise StorageFull(
+                f"storage full: {retained} bytes retained over all topics, {add} more would"
+                f" pass the cluster's max_retained_bytes of {limit}; consume or purge first",
+                retained_bytes=retained,
+                max_retained_bytes=limit,
+                bytes=add,
+            )
 
     def _enforce_limits(self, t: Topic) -> None:
         max_n, max_b = t.config["max_messages"], t.config["max_bytes"]
@@ -1297,6 +1342,20 @@ class Broker:
         if t.config["max_age"] is not None:
             self._aging.note(t.name, _age_due(t))
 
+    # ------------------------------------------------------------------ cluster settings
+
+    def _op_cluster_settings(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        """Change cluster settings (``validate.CLUSTER_SETTINGS``; a null one goes back to no
+        limit). Lowering a limit below what is retained deletes nothing: publishes are refused
+        until consumers have drained below it."""
+        self.settings = v.cluster_settings(_config(cmd), self.settings)
+        return self.storage()
+
+    def storage(self) -> dict[str, Any]:
+        """The settings (every one, null when unset) and the payload bytes retained."""
+        settings = {**v.CLUSTER_SETTINGS, **self.settings}
+        return {"settings": settings, "retained_bytes": self._retained[0]}
+
     # ------------------------------------------------------------------ API tokens
 
     def _token(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -1521,7 +1580,8 @@ class Broker:
 
     def snapshot(self) -> bytes:
         topics: list[list[Any]] = []
-        v5 = self._keyed  # (else: does an ordered group, a label or a first receive exist?)
+        v6 = bool(self.settings)
+        v5 = v6 or self._keyed  # (else: an ordered group, a label or a first receive?)
         for t in self.topics.values():
             h = t.head
             groups = [
@@ -1582,7 +1642,9 @@ class Broker:
         ]
         if not v5:
             return msgpack.packb([4, *head, tokens], use_bin_type=True)
-        return msgpack.packb([5, *head, tokens, self._keyed], use_bin_type=True)
+        if not v6:
+            return msgpack.packb([5, *head, tokens, self._keyed], use_bin_type=True)
+        return msgpack.packb([6, *head, tokens, self._keyed, self.settings], use_bin_type=True)
 
     def restore(self, data: bytes) -> None:
         """Replace the whole state with a snapshot's; on a bad snapshot raise ValueError and
@@ -1602,7 +1664,10 @@ class Broker:
         self.__dict__.update(fresh.__dict__)
 
     def _load(self, obj: Any) -> None:
-        if obj[0] >= 5:
+        if obj[0] >= 6:
+            version, self.now, self.applied_commands, topics, tokens, self._keyed, settings = obj
+            self.settings = v.cluster_settings(settings, {})
+        elif obj[0] == 5:
             version, self.now, self.applied_commands, topics, tokens, self._keyed = obj
         elif obj[0] == 4:
             version, self.now, self.applied_commands, topics, tokens = obj
@@ -1626,7 +1691,7 @@ class Broker:
         for (
             name, config, created_at, next_seq, first_seq, msgs, refs, dedup, tc, groups, delays,
         ) in topics:  # fmt: skip
-            t = Topic(name, dict(config), created_at)
+            t = Topic(name, dict(config), created_at, self._retained)
             t.next_seq = next_seq
             t.first_seq = first_seq
             # Messages arrive as tuples already (use_list=False): no per-message work.
@@ -1886,4 +1951,5 @@ _HANDLERS: dict[str, Any] = {
     "token_create": Broker._op_token_create,
     "token_update": Broker._op_token_update,
     "token_revoke": Broker._op_token_revoke,
+    "cluster_settings": Broker._op_cluster_settings,
 }

@@ -49,6 +49,9 @@ GROUP_DEFAULTS: dict[str, Any] = {
 TOPIC_OPTIONAL: dict[str, Any] = {"labels": {}}
 GROUP_OPTIONAL: dict[str, Any] = {"ordered": False}
 TOPIC_FIELDS = frozenset([*TOPIC_DEFAULTS, *TOPIC_OPTIONAL])
+# Cluster-wide settings (the ``cluster_settings`` command); null means "no limit". Only the
+# ones set are stored, so a state without any snapshots as before (see state.SNAPSHOT_VERSION).
+CLUSTER_SETTINGS: dict[str, Any] = {"max_retained_bytes": None}
 GROUP_FIELDS = frozenset([*GROUP_DEFAULTS, "dead_letter_topic", *GROUP_OPTIONAL])
 
 
@@ -177,6 +180,15 @@ def unknown(cfg: Mapping[str, Any], allowed: frozenset[str], field: str) -> None
     extra = sorted(str(k) for k in cfg if k not in allowed)
     if extra:
         raise InvalidArgument(f"unknown {field} field(s): {', '.join(extra)}", field=extra[0])
+
+
+def cluster_settings(cfg: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``cfg`` over the current settings ``base``; only the ones set (not null) stay."""
+    unknown(cfg, frozenset(CLUSTER_SETTINGS), "cluster settings")
+    out = {**base, **cfg}
+    if out.get("max_retained_bytes") is not None:
+        integer(out["max_retained_bytes"], "max_retained_bytes", 0)
+    return {k: out[k] for k in CLUSTER_SETTINGS if out.get(k) is not None}
 
 
 def topic_config(cfg: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The HTTP API of one node, assembled: ``build_app(raft, settings)`` binds the route tables of
-the transport modules (``topics``, ``messages``, ``ops``, ``stream``) to one ``BrokerService``.
+the transport modules (``topics``, ``messages``, ``ops``, ``stream``, ``tokens``, and
+``console``: the web console's static files) to one ``BrokerService``.
 
 Every request passes ``_errors`` (one JSON error envelope, status from ``errors.STATUS_BY_CODE``,
 request metrics) and its route's dispatcher (``_bind``): the query checked against the route's
@@ -22,7 +23,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from raftq.cluster.errors import BrokerError
-from raftq.node import auth, httpio, messages, ops, stream, tokens, topics
+from raftq.node import auth, console, httpio, messages, ops, stream, tokens, topics
 from raftq.node.auth import (
     ADMIN,
     CLUSTER,
@@ -41,13 +42,14 @@ from raftq.node.proxy import Forwarder, LeadsHere
 from raftq.node.raftapi import Raft
 from raftq.node.routes import AUTHN, LEADER, Route, parse_query, path_name, set_principal
 from raftq.node.service import BrokerService, LeaderLost, NodeSettings
+from raftq.node.sqs import routes as sqs
 from raftq.node.stream import STREAMS, Streams
 
 __all__ = ["ROUTE_MODULES", "SERVICE", "NodeSettings", "all_routes", "build_app"]
 
 log = logging.getLogger("raftq.node")
 
-ROUTE_MODULES = (topics, messages, stream, tokens, ops)
+ROUTE_MODULES = (topics, messages, stream, tokens, ops, sqs, console)
 SERVICE: web.AppKey[BrokerService] = web.AppKey("service", BrokerService)
 CATCH_UP_S = 1.0  # how long a follower waits at most to learn a token it does not know
 CATCH_UP_MIN_S = 0.1
@@ -78,7 +80,7 @@ def _errors(svc: BrokerService) -> Middleware:
         t0 = time.perf_counter()
         status = 500
         try:
-            if request.method not in ("GET", "HEAD"):
+            if request.method not in ("GET", "HEAD") and route != sqs.FORWARD_PATH:
                 httpio.check_accept(request)  # before a write is applied; a read falls back to JSON
             resp = await handler(request)
             status = resp.status
@@ -259,6 +261,7 @@ def build_app(
             app.router.add_route("HEAD", route.path, aio)  # (load balancers' health checks)
     # Cleanup runs in reverse: the service drains (releases may go through the forwarder)
     # before the forwarder's session closes.
+    app.on_response_prepare.append(console.add_headers)
     app.cleanup_ctx.append(fwd.lifecycle)
     app.cleanup_ctx.append(svc.lifecycle)
 

@@ -68,6 +68,13 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "leader's address [RAFTQ_ADVERTISE] (default: --listen)",
     )
     p.add_argument(
+        "--sqs-listen",
+        default=_env("SQS_LISTEN"),
+        help="also serve the SQS-compatible API (boto3, Celery, aws sqs) on this host:port, with"
+        " TLS when the API has it [RAFTQ_SQS_LISTEN] (default: not served; the API's /sqs"
+        " always is)",
+    )
+    p.add_argument(
         "--peers",
         default=_env("PEERS", ""),
         help="members: id=raft_host:port/api_host:port,... (this node's own entry, if any, "
@@ -212,6 +219,13 @@ def add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " overloaded with Retry-After [RAFTQ_MAX_QUEUE] (default 2048)",
     )
     p.add_argument(
+        "--min-free-disk",
+        default=_env("MIN_FREE_DISK", "1GiB"),  # (diskguard.DEFAULT_MIN_FREE)
+        help="refuse publishes (507 storage_full) while the data directory's disk has less"
+        " free: bytes (1GiB, 500MB, 0 for no reserve) or a percentage of the disk (5%%)"
+        " [RAFTQ_MIN_FREE_DISK] (default 1GiB)",
+    )
+    p.add_argument(
         "--idle-timeout",
         type=float,
         default=_env("IDLE_TIMEOUT", "60"),
@@ -309,6 +323,12 @@ def _run_node(args: argparse.Namespace) -> int:
         parser.error(
             f"--log-format (or RAFTQ_LOG_FORMAT) must be text or json, not {args.log_format!r}"
         )
+    from raftq.node.diskguard import parse_reserve
+
+    try:
+        min_free_disk = parse_reserve(args.min_free_disk)
+    except ValueError as e:
+        parser.error(f"--min-free-disk (or RAFTQ_MIN_FREE_DISK): {e}")
     for flag, value, lo in (
         ("--max-body", args.max_body, 1),
         ("--max-inflight", args.max_inflight, 1),
@@ -327,6 +347,8 @@ def _run_node(args: argparse.Namespace) -> int:
         split_hostport(args.raft, "--raft")
         if args.advertise:
             split_hostport(args.advertise, "--advertise")
+        if args.sqs_listen:
+            split_hostport(args.sqs_listen, "--sqs-listen")
         peers = parse_peers(args.peers or "")
         if args.statefulset_replicas is not None:
             replicas = int(args.statefulset_replicas)
@@ -350,6 +372,7 @@ def _run_node(args: argparse.Namespace) -> int:
         listen=args.listen,
         raft=args.raft,
         advertise=args.advertise,
+        sqs_listen=args.sqs_listen or None,
         peers=peers,
         data_dir=args.data_dir,
         secret=args.secret,
@@ -373,6 +396,7 @@ def _run_node(args: argparse.Namespace) -> int:
         tls_client_ca=args.tls_client_ca or None,
         tls_ca=args.tls_ca or None,
         force_new_cluster=args.force_new_cluster,
+        min_free_disk=min_free_disk,
     )
     return asyncio.run(serve(opts))
 
@@ -385,6 +409,9 @@ def add_cluster_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     up.add_argument("--dir", default="./.raftq", help="data and logs (default ./.raftq)")
     up.add_argument("--api-port", type=int, default=8001, help="first HTTP port (default 8001)")
     up.add_argument("--raft-port", type=int, default=9001, help="first Raft port (default 9001)")
+    up.add_argument(
+        "--sqs-port", type=int, default=9324, help="first SQS endpoint port (default 9324)"
+    )
     up.add_argument("--fsync", choices=["always", "never"], default="always")
     up.add_argument(
         "--tls",
@@ -399,7 +426,9 @@ def _run_cluster_up(args: argparse.Namespace) -> int:
     from raftq.node.devcluster import cluster_up
 
     logfmt.setup("INFO")
-    return cluster_up(args.nodes, args.dir, args.api_port, args.raft_port, args.fsync, args.tls)
+    return cluster_up(
+        args.nodes, args.dir, args.api_port, args.raft_port, args.fsync, args.tls, args.sqs_port
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

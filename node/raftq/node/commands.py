@@ -98,6 +98,18 @@ def empty(body: dict[str, Any]) -> None:
     check_fields(body, {})
 
 
+def cluster_settings(body: dict[str, Any]) -> dict[str, Any]:
+    """A change of cluster settings: the fields given (null: back to no limit)."""
+    check_fields(body, {"max_retained_bytes": INT})
+    if not body:
+        raise ApiError(
+            "invalid_argument", "name a setting to change, e.g. max_retained_bytes",
+            {"field": "max_retained_bytes"},
+        )  # fmt: skip
+    _checked(validate.cluster_settings, body, {})
+    return {"op": "cluster_settings", "config": body}
+
+
 # ---------------------------------------------------------------------- topics and groups
 
 

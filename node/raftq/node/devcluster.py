@@ -33,16 +33,21 @@ STOP_TIMEOUT = 25.0
 ADMIN_TOKEN_FILE = "admin.token"  # under --dir; the CLI's default is ./.raftq/admin.token
 TLS_DIR = "tls"  # under --dir: the throwaway CA and node certificate of --tls
 MIN_TOKEN = 16  # what a node accepts as --admin-token
+SQS_PORT = 9324  # the first node's SQS endpoint (the port SQS emulators have made familiar)
 
 
 class Refused(RuntimeError):
     """A node refused our credential (401/403): waiting longer cannot help."""
 
 
-def _layout(base: Path, nodes: int, api_port: int, raft_port: int) -> list[dict[str, str]]:
+def _layout(
+    base: Path, nodes: int, api_port: int, raft_port: int, sqs_port: int = SQS_PORT
+) -> list[dict[str, str]]:
     path = base / "cluster.json"
     if path.exists():
         layout: list[dict[str, str]] = json.loads(path.read_text())["nodes"]
+        for i, n in enumerate(layout):  # (a directory made before the SQS endpoint)
+            n.setdefault("sqs", f"127.0.0.1:{sqs_port + i}")
         if len(layout) != nodes:
             raise SystemExit(
                 f"{base} holds a {len(layout)}-node cluster; pass --nodes {len(layout)} "
@@ -61,6 +66,7 @@ def _layout(base: Path, nodes: int, api_port: int, raft_port: int) -> list[dict[
             "id": f"n{i + 1}",
             "api": f"127.0.0.1:{api_port + i}",
             "raft": f"127.0.0.1:{raft_port + i}",
+            "sqs": f"127.0.0.1:{sqs_port + i}",
         }
         for i in range(nodes)
     ]
@@ -72,7 +78,7 @@ def _busy(layout: list[dict[str, str]]) -> list[str]:
     """Addresses of the layout something already listens on (another cluster on this dir?)."""
     busy = []
     for n in layout:
-        for addr in (n["api"], n["raft"]):
+        for addr in (n["api"], n["raft"], n["sqs"]):
             host, _, port = addr.rpartition(":")
             with socket.socket() as s:
                 # (as the nodes bind: a port left in TIME_WAIT by the last run is free)
@@ -128,6 +134,8 @@ def node_command(
         "--id", me["id"], "--listen", me["api"], "--raft", me["raft"],
         "--peers", peers, "--data-dir", str(data_dir), "--fsync", fsync,
     ]  # fmt: skip
+    if me.get("sqs"):
+        cmd += ["--sqs-listen", me["sqs"]]
     if tls is not None:  # (one certificate for every dev node: they all are 127.0.0.1)
         cmd += [
             "--tls-cert",
@@ -194,13 +202,19 @@ def wait_for_leader(
 
 
 def cluster_up(
-    nodes: int, directory: str, api_port: int, raft_port: int, fsync: str, tls: bool = False
+    nodes: int,
+    directory: str,
+    api_port: int,
+    raft_port: int,
+    fsync: str,
+    tls: bool = False,
+    sqs_port: int = SQS_PORT,
 ) -> int:
     if not 1 <= nodes <= 9:
         raise SystemExit("--nodes must be between 1 and 9")
     base = Path(directory).resolve()
     base.mkdir(parents=True, exist_ok=True)
-    layout = _layout(base, nodes, api_port, raft_port)
+    layout = _layout(base, nodes, api_port, raft_port, sqs_port)
     busy = _busy(layout)
     if busy:
         # Else the wait below could find another cluster's leader there and report "up".
@@ -287,7 +301,9 @@ def cluster_up(
                 f"  curl -s {auth} -XPOST {scheme}://{first}/topics/orders/groups/default/receive "
                 "-d '{\"wait\":5}'"
             )
-            print(f"  curl -s {auth} {scheme}://{first}/cluster\n\nCtrl-C stops the cluster.")
+            print(f"  curl -s {auth} {scheme}://{first}/cluster")
+            print(_sqs_note(layout, scheme, first, token, None if ca is None else ca.ca_cert))
+            print("\nCtrl-C stops the cluster.")
             sys.stdout.flush()
         while not stopping:
             for nid, p in procs.items():
@@ -335,6 +351,29 @@ def _token_note(base: Path, token: str, off: bool = False) -> str:
             " to the file: unset it, or set it to this one"
         )
     return "\n".join(lines)
+
+
+def _sqs_note(
+    layout: list[dict[str, str]], scheme: str, api: str, token: str, ca: Path | None
+) -> str:
+    """Where the SQS endpoint is and the admin token's SQS credentials (GET /sqs/credentials)."""
+    try:
+        creds = get_json(f"{scheme}://{api}/sqs/credentials", 5.0, token, ca)
+    except (OSError, ValueError) as e:
+        return f"\nSQS endpoint: could not read its credentials ({e})"
+    if "secret_access_key" not in creds:
+        return f"\nSQS endpoint: no credentials: {creds.get('message', creds)}"
+    urls = "  ".join(f"{scheme}://{n['sqs']}" for n in layout if n.get("sqs"))
+    first = f"{scheme}://{layout[0]['sqs']}"
+    ca_opt = f" --ca-bundle {ca}" if ca is not None else ""
+    return (
+        f"\nSQS (boto3, Celery, aws sqs) on every node: {urls}\n"
+        "The admin token's SQS credentials (raftq sqs credentials prints a token's own):\n"
+        f"  export AWS_ACCESS_KEY_ID={creds['access_key_id']}"
+        f" AWS_SECRET_ACCESS_KEY={creds['secret_access_key']}"
+        f" AWS_DEFAULT_REGION={creds.get('region', 'us-east-1')}\n"
+        f"  aws --endpoint-url {first}{ca_opt} sqs create-queue --queue-name jobs"
+    )
 
 
 def stop_all(procs: dict[str, subprocess.Popen[bytes]]) -> int:

@@ -26,6 +26,9 @@ STATUS_BY_CODE: dict[str, int] = {
     "group_exists": 409,
     "token_exists": 409,
     "topic_full": 429,
+    # the cluster's max_retained_bytes, or this node's free-disk reserve: nothing stored; no
+    # Retry-After (room comes back as consumers drain, not after a set time)
+    "storage_full": 507,
     "receipt_error": 400,
     "receipt_invalid": 400,  # not a receipt this cluster issued (or tampered with)
     "receipt_stale": 409,  # a real receipt whose delivery is over (acked, expired, redelivered)

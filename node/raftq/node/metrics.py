@@ -144,6 +144,14 @@ class BrokerCollector(Collector):
         n = self.topics
         overview, topics, state_now = self.raft.read(lambda b: _figures(b, n))
         yield from _totals(overview)
+        limit = self.raft.read(lambda b: b.settings.get("max_retained_bytes"))
+        if limit is not None:  # (raftq_cluster_bytes is what counts against it)
+            g = GaugeMetricFamily(
+                "raftq_cluster_max_retained_bytes",
+                "the cluster's max_retained_bytes: publishes past it are refused",
+            )
+            g.add_metric([], limit)
+            yield g
         shown = GaugeMetricFamily(
             "raftq_metrics_topics_shown",
             "topics with per-topic series in this scrape (--metrics-topics)",

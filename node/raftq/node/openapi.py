@@ -183,6 +183,17 @@ SCHEMAS: dict[str, Any] = {
     ),
     "GroupSpec": _obj({"group": NAME, "config": _ref("GroupConfig")}, ["group"]),
     "UpdateTopic": _obj({"config": _ref("TopicConfig")}, ["config"]),
+    "UpdateClusterSettings": _obj(
+        {
+            "max_retained_bytes": _nullable(
+                {
+                    **_int(0),
+                    "description": "payload bytes retained over every topic at most; a publish"
+                    " past it gets 507 storage_full (dead letters and redrives pass); null: none",
+                }
+            )
+        }
+    ),
     "UpdateGroup": _obj({"config": _ref("GroupConfig")}, ["config"]),
     "CreateGroup": _obj(
         {
@@ -274,8 +285,32 @@ SCHEMAS: dict[str, Any] = {
         {
             "topics": _list(S),
             "next": _nullable({**S, "description": "the after of the next page; null: last"}),
+            "stats": _list(_ref("TopicSummary")),
         },
         ["topics"],
+    ),
+    "TopicSummary": _answer(
+        {
+            "topic": S,
+            "messages": I,
+            "bytes": I,
+            "last_seq": I,
+            "oldest_age_ms": _nullable({**N, "description": "oldest retained message"}),
+            "oldest_unsettled_age_ms": _nullable(
+                {**N, "description": "oldest message a group has yet to settle"}
+            ),
+            "groups": {**I, "description": "how many"},
+            "pending": {**I, "description": "summed over its groups (so are the next three)"},
+            "delayed": I,
+            "in_flight": I,
+            "consumers": I,
+            "counters": {**ANY, "description": "the topic's counters (published...)"},
+            "group_counters": {
+                **ANY,
+                "description": "its groups' counters summed (delivered, acked, dead_lettered...)",
+            },
+        },
+        ["topic", "messages"],
     ),
     "Created": _answer({"topic": S, "group": S, "created": B}, ["topic", "created"]),
     "Configured": _answer({"topic": S, "group": S, "config": ANY}, ["topic", "config"]),
@@ -384,17 +419,64 @@ SCHEMAS: dict[str, Any] = {
                 "description": "this node's last entry (--force-new-cluster takes it)",
             },
             "last_log_term": {**I, "description": "its term"},
-            "members": ANY,
+            "members": {
+                **ANY,
+                "description": "id -> raft, api, connected, self, answers (its /healthz now),"
+                " figures (NodeFigures, when it answers and shows them)",
+            },
             "running": B,
+            "you": _ref("Caller"),
             "error": {**S, "description": "why Raft stopped (role: stopped)"},
+            "storage": _answer(
+                {
+                    "retained_bytes": I,
+                    "max_retained_bytes": _nullable(I),
+                    "disk": {**_ref("Disk"), "description": "this node's (not in memory)"},
+                }
+            ),
             "digest": {**S, "description": "with digest=1"},
         },
         ["node", "role", "members"],
     ),
+    "ClusterSettings": _answer(
+        {
+            "settings": _answer({"max_retained_bytes": _nullable(I)}),
+            "retained_bytes": {**I, "description": "payload bytes retained, every topic"},
+        },
+        ["settings", "retained_bytes"],
+    ),
     "Membership": _answer({"added": S, "removed": S, "members": _list(S)}, ["members"]),
     "Health": _answer(
-        {"ok": B, "node": S, "raft_error": {**S, "description": "why Raft stopped (503)"}},
+        {
+            "ok": B,
+            "node": S,
+            "raft_error": {**S, "description": "why Raft stopped (503)"},
+            "figures": _ref("NodeFigures"),
+        },
         ["ok"],
+    ),
+    "NodeFigures": _answer(
+        {
+            "role": S,
+            "term": I,
+            "commit_index": I,
+            "applied_index": I,
+            "rss_bytes": _nullable({**I, "description": "resident memory (Linux)"}),
+            "fsyncs": _nullable(I),
+            "fsync_seconds": _nullable({**N, "description": "time spent in fsync, in all"}),
+            "snapshots": _nullable({**I, "description": "written since start"}),
+            "last_snapshot_seconds": _nullable({**N, "description": "how long the last took"}),
+        },
+        ["role"],
+    ),
+    "Caller": _answer(
+        {
+            "name": S,
+            "cluster": {**B, "description": "may manage members and tokens"},
+            "all": {**B, "description": "every right (bootstrap admin, or access control off)"},
+            "grants": _list(_ref("Grant")),
+        },
+        ["name"],
     ),
     "Readiness": _answer(
         {
@@ -404,8 +486,17 @@ SCHEMAS: dict[str, Any] = {
             "draining": B,
             "removed": B,
             "raft_error": {**S, "description": "why Raft stopped"},
+            "disk": {**_ref("Disk"), "description": "low on disk: still ready (consumers)"},
         },
         ["ready"],
+    ),
+    "Disk": _answer(
+        {
+            "free_bytes": I,
+            "min_free_bytes": {**I, "description": "the reserve (--min-free-disk)"},
+            "ok": {**B, "description": "false: publishes are refused, 507 storage_full"},
+        },
+        ["free_bytes", "min_free_bytes", "ok"],
     ),
     "Token": _answer(
         {
@@ -422,6 +513,10 @@ SCHEMAS: dict[str, Any] = {
     ),
     "TokenList": _answer({"tokens": _list(_ref("Token"))}, ["tokens"]),
     "Revoked": _answer({"id": S, "revoked": B}, ["id", "revoked"]),
+    "SqsCredentials": _answer(
+        {"access_key_id": S, "secret_access_key": S, "region": S, "note": S},
+        ["access_key_id", "secret_access_key"],
+    ),
     "Any": ANY,
 }
 
@@ -436,11 +531,15 @@ def _content(schema: str) -> dict[str, Any]:
 
 
 _HEADER = {"schema": S}
+# The SQS protocols' answers, errors too (raftq.node.sqs.wire): AWS JSON 1.0 or XML.
+SQS = "sqs"
+_SQS_CONTENT = {"application/x-amz-json-1.0": {"schema": ANY}, "text/xml": {"schema": S}}
 _RETRY = {"description": "seconds to wait before trying again", "schema": _int(0)}
 _PATH_PARAM = re.compile(r"{(\w+)}")
 _PATH_DOC = {"topic": "a topic name", "group": "a consumer group name"}
+_FILE = {**S, "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$"}  # (a console file's name)
 _PATH_SCHEMA = {"topic": NAME, "group": NAME, "node": NAME, "token": TOKEN_ID,
-                "consumer": CONSUMER}  # fmt: skip
+                "consumer": CONSUMER, "file": _FILE}  # fmt: skip
 
 
 def _query(q: Query) -> dict[str, Any]:
@@ -472,6 +571,10 @@ def _answer_content(answer: str) -> dict[str, Any]:
         return {"text/plain": {"schema": S}}
     if answer == "application/json":
         return {"application/json": {"schema": ANY}}
+    if answer == SQS:
+        return _SQS_CONTENT
+    if "/" in answer:  # media types, comma-separated (the console's files)
+        return {media: {"schema": S} for media in answer.split(",")}
     return _content(answer)
 
 
@@ -495,6 +598,9 @@ def _operation(route: Route) -> dict[str, Any]:
             "description": "a follower redirects to the leader",
             "headers": {"Location": _HEADER, "X-Raftq-Leader": _HEADER},
         }
+    if route.answer == SQS:
+        for status in ("4XX", "5XX"):
+            responses[status] = {"description": "an SQS error", "content": _SQS_CONTENT}
     responses.setdefault("4XX", {"description": "client error", **_ERR})
     responses.setdefault(
         "503",
@@ -556,11 +662,13 @@ TAGS = {
     "stream": ("streams", "WebSocket streams: a pushing consumer, a publisher"),
     "tokens": ("tokens", "Access tokens and their grants"),
     "ops": ("cluster", "This node, its members, probes, metrics and this document"),
+    "sqs.routes": ("sqs", "The SQS-compatible API (see the README), and SQS credentials"),
+    "console": ("console", "The web console's static files (public; its pages call the API)"),
 }
 
 
 def _tag(route: Route) -> str:
-    module = route.handler.__module__.rpartition(".")[2]
+    module = route.handler.__module__.removeprefix("raftq.node.")
     return TAGS[module][0] if module in TAGS else module
 
 

@@ -5,6 +5,7 @@ changes answer from this node's own state."""
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from aiohttp import web
@@ -43,19 +44,83 @@ def _member_ids(svc: BrokerService) -> list[str]:
     return sorted(svc.raft.status().members)
 
 
+def _rss_bytes() -> int | None:
+    """This process's resident memory (Linux ``/proc``; None elsewhere). (Read here rather than
+    from prometheus_client's process collector, which would render every process series.)"""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def figures(svc: BrokerService) -> dict[str, Any]:
+    """This node's own figures, for ``/cluster`` (and the peers' ``/healthz``): its Raft role,
+    term and indices, its memory, its time in fsync and its snapshots."""
+    st = svc.raft.status()
+    stats = getattr(svc.raft, "stats", None)
+    stats = stats if isinstance(stats, dict) else {}
+    return {
+        "role": st.role,
+        "term": st.term,
+        "commit_index": st.commit_index,
+        "applied_index": st.applied_index,
+        "rss_bytes": _rss_bytes(),
+        "fsyncs": stats.get("syncs"),
+        "fsync_seconds": stats["sync_us"] / 1e6 if "sync_us" in stats else None,
+        "snapshots": stats.get("snapshots"),
+        "last_snapshot_seconds": (
+            stats["last_snapshot_ms"] / 1e3 if "last_snapshot_ms" in stats else None
+        ),
+    }
+
+
+def _caller(request: web.Request) -> dict[str, Any]:
+    """Who calls and what they may do, so that a client (the web console) shows and enables
+    only that: ``all`` for the bootstrap admin or with access control off."""
+    who = principal(request)
+    grants = [dict(g) for g in who.grants]
+    return {"name": who.name, "cluster": who.may(CLUSTER), "all": who.everything, "grants": grants}
+
+
+async def show_settings(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    return httpio.respond(request, await svc.read_latest(lambda b: b.storage()))
+
+
+async def change_settings(svc: BrokerService, request: web.Request) -> web.StreamResponse:
+    """Cluster settings are replicated state: every node applies the same limit."""
+    cmd = commands.cluster_settings(await httpio.read_body(request))
+    return httpio.respond(request, await svc.call(cmd))
+
+
+def _storage(svc: BrokerService) -> dict[str, Any]:
+    """Retained bytes vs the cluster's limit (this replica's view), and this node's disk."""
+    out: dict[str, Any] = svc.raft.read(lambda b: b.storage())
+    out["max_retained_bytes"] = out.pop("settings")["max_retained_bytes"]
+    disk = svc.disk.status()
+    if disk is not None:
+        out["disk"] = disk
+    return out
+
+
 async def cluster(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     st = svc.raft.status()
     members = {k: dict(v) for k, v in st.members.items()}
     peers = _peers(request)
     probes = {
-        mid: asyncio.ensure_future(peers.probe(m.get("api")))
+        mid: asyncio.ensure_future(peers.health(m.get("api")))
         for mid, m in members.items()
         if not m.get("self")
     }
     if probes:
         await asyncio.wait(probes.values())
     for mid, m in members.items():
-        m["answers"] = True if m.get("self") else probes[mid].result()
+        # A peer's figures come from its /healthz (probed now, 0.5 s at most): what answers
+        # there is up; one that does not answer is down, whatever its Raft connection says.
+        health = {"ok": True, "figures": figures(svc)} if m.get("self") else probes[mid].result()
+        m["answers"] = health is not None
+        if health is not None and isinstance(health.get("figures"), dict):
+            m["figures"] = health["figures"]
     body: dict[str, Any] = {
         "node": st.node_id,
         "role": st.role,
@@ -68,6 +133,8 @@ async def cluster(svc: BrokerService, request: web.Request) -> web.StreamRespons
         "last_log_term": st.last_log_term,
         "members": members,
         "running": st.running,
+        "you": _caller(request),
+        "storage": _storage(svc),
     }
     if st.error is not None:
         body["error"] = st.error  # why Raft stopped (role "stopped"; the process exits soon)
@@ -83,7 +150,10 @@ async def healthz(svc: BrokerService, request: web.Request) -> web.StreamRespons
     if error is not None:  # Raft stopped on a failure: restart the process
         body = {"ok": False, "node": svc.settings.node_id, "raft_error": error}
         return httpio.respond(request, body, 503)
-    return httpio.respond(request, {"ok": True, "node": svc.settings.node_id})
+    body = {"ok": True, "node": svc.settings.node_id}
+    if not svc.settings.auth_observe:  # (what /metrics shows anyone then, in short)
+        body["figures"] = figures(svc)
+    return httpio.respond(request, body)
 
 
 async def readyz(svc: BrokerService, request: web.Request) -> web.StreamResponse:
@@ -106,6 +176,13 @@ ROUTES = [
           query=(Query("digest", kind="flag",
                        doc="1 or true: add a fingerprint of this replica's state (needs a"
                            " cluster token)"),)),
+    Route("GET", "/cluster/settings", show_settings,
+          "Cluster settings (max_retained_bytes) and the payload bytes retained",
+          answer="ClusterSettings", op="getClusterSettings", perm=Permission(AUTHENTICATED)),
+    Route("PATCH", "/cluster/settings", change_settings,
+          "Change cluster settings: max_retained_bytes (null: no limit)",
+          body="UpdateClusterSettings", answer="ClusterSettings", op="updateClusterSettings",
+          perm=Permission(CLUSTER)),
     Route("POST", "/cluster/members", add_member, "Add a member (start it first)",
           body="AddMember", answer="Membership", op="addMember", perm=Permission(CLUSTER)),
     Route("DELETE", "/cluster/members/{node}", remove_member, "Remove a member", body="Empty",

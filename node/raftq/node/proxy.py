@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 import urllib.parse
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
@@ -48,6 +49,9 @@ ANSWER_HEADERS = ("Retry-After", "WWW-Authenticate")
 # zones); a killed container's address answers nothing (no RST), so without this bound a
 # forward waited out the whole proxy timeout there (35 s; clients gave up first, at 10 s).
 CONNECT_TIMEOUT_S = 1.0
+# A peer's /healthz answer is shared for this long by every GET /cluster asking meanwhile
+# (open consoles each poll it: one probe per peer per second, whatever their number).
+HEALTH_TTL_S = 1.0
 LEADER_POLL_S = 0.05  # how often a node with forwards out looks whether the leader changed
 RETRY_SAME_S = 0.1  # a leader still named after it could not be reached is tried again after
 
@@ -70,6 +74,7 @@ class Forwarder:
         # Waiters for a leader change, each with the leader it saw (None: none known).
         self._watching: dict[asyncio.Future[None], Leader | None] = {}
         self._poller: asyncio.Task[None] | None = None
+        self._health: dict[str, tuple[float, asyncio.Task[dict[str, Any] | None]]] = {}
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         # The connection is marked made in each request's trace context: a forward cut short
@@ -89,6 +94,10 @@ class Forwarder:
         yield
         if self._poller is not None:
             self._poller.cancel()
+        probes = [task for _, task in self._health.values() if not task.done()]
+        for task in probes:
+            task.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
         await self.session.close()
 
     # ------------------------------------------------------------------ leadership changes
@@ -318,16 +327,33 @@ class Forwarder:
         except (aiohttp.ClientError, TimeoutError) as e:
             log.warning("release of consumer %s via the leader failed: %r", consumer, e)
 
-    async def probe(self, api: Any, timeout: float = 0.5) -> bool:
-        """Does the node at ``api`` (host:port) answer ``/healthz``?"""
+    async def health(self, api: Any, timeout: float = 0.5) -> dict[str, Any] | None:
+        """The ``/healthz`` answer of the node at ``api`` (host:port) when it is 200 (its
+        ``figures`` included where it shows them); None when it does not answer so. Asked at
+        most once per ``HEALTH_TTL_S`` (callers meanwhile share the answer)."""
         if not api or self.session is None:
-            return False
+            return None
+        now = time.monotonic()
+        asked = self._health.get(api)
+        if asked is None or now - asked[0] > HEALTH_TTL_S:
+            asked = (now, asyncio.ensure_future(self._ask_health(api, timeout)))
+            self._health[api] = asked
+        return await asyncio.shield(asked[1])  # (a caller that goes away cancels no other's)
+
+    async def _ask_health(self, api: str, timeout: float) -> dict[str, Any] | None:
+        assert self.session is not None
         try:
             async with self.session.get(
                 f"{self.settings.url(api)}/healthz",
                 timeout=aiohttp.ClientTimeout(total=timeout),
                 ssl=self._ssl(),
             ) as r:
-                return r.status == 200
+                if r.status != 200:
+                    return None
+                try:
+                    body = await r.json(content_type=None)
+                except ValueError:
+                    body = None
+                return body if isinstance(body, dict) else {}
         except (aiohttp.ClientError, TimeoutError):
-            return False
+            return None

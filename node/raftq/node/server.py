@@ -27,9 +27,12 @@ from aiohttp import web
 from raftq.node.app import NodeSettings, build_app
 from raftq.node.auth import internal_token
 from raftq.node.commands import host_port
+from raftq.node.diskguard import DEFAULT_MIN_FREE, Reserve, parse_reserve
 from raftq.node.httplimits import ApiProtocols, ApiSite, HttpLimits
 from raftq.node.httpsite import HttpsSite
 from raftq.node.raftapi import ForceRefused, Raft
+from raftq.node.sqs.credentials import node_key as sqs_node_key
+from raftq.node.sqs.listener import build_sqs_app
 from raftq.node.tlsutil import NodeTLS, TLSConfigError, TLSFiles, covers, describe
 
 log = logging.getLogger("raftq.node")
@@ -54,6 +57,7 @@ class NodeOptions:
     listen: str  # host:port of the HTTP API
     raft: str  # host:port of Raft
     advertise: str | None = None  # host:port others reach the API at (default: listen)
+    sqs_listen: str | None = None  # host:port of the SQS-compatible API (raftq.node.sqs)
     peers: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (raft, api)
     data_dir: str | None = None
     secret: str | None = field(default=None, repr=False)
@@ -82,6 +86,7 @@ class NodeOptions:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     tls_ca: str | None = None
+    min_free_disk: Reserve = field(default_factory=lambda: parse_reserve(DEFAULT_MIN_FREE))
     force_new_cluster: int | None = None  # recovery: this node alone, its journal committed
     # (this being its last log index)
 
@@ -195,10 +200,13 @@ async def serve(
         auth=opts.auth,
         admin_token=opts.admin_token,
         internal_token=internal_token(key) if key else None,
+        sqs_key=sqs_node_key(key) if key else None,
         auth_observe=opts.auth_observe,
         metrics_topics=opts.metrics_topics,
         scheme="https" if tls is not None else "http",
         peer_ssl=tls.peer if tls is not None else None,
+        data_dir=opts.data_dir,
+        min_free_disk=opts.min_free_disk,
     )
     if not opts.auth:
         log.warning(
@@ -241,6 +249,14 @@ async def serve(
         await raft.stop()
         return 1
     log.info("node %s: API on %s, Raft on %s", opts.node_id, settings.url(opts.listen), opts.raft)
+    runners = [runner]
+    if opts.sqs_listen:
+        sqs_runner = await _serve_sqs(opts, app, tls, limits)
+        if sqs_runner is None:
+            await runner.cleanup()
+            await raft.stop()
+            return 1
+        runners.insert(0, sqs_runner)  # (stopped first: its requests use the API's service)
     advertised = split_hostport(opts.advertise or opts.listen, "--advertise")[0]
     if advertised in ("0.0.0.0", "::", "[::]", ""):
         log.warning(
@@ -274,7 +290,7 @@ async def serve(
         loop.add_signal_handler(signal.SIGHUP, reload_tls, opts.node_id, tls)
     await stop.wait()
     log.info("node %s: shutting down", opts.node_id)
-    code = 0 if await _shutdown(runner, raft, opts.shutdown_timeout) else 1
+    code = 0 if await _shutdown(runners, raft, opts.shutdown_timeout) else 1
     if failed:
         code = EXIT_RAFT_STOPPED
         log.critical("node %s: exit code %d: Raft had stopped: %s", opts.node_id, code, failed[0])
@@ -282,6 +298,43 @@ async def serve(
         loop.remove_signal_handler(sig)
     log.info("node %s: stopped", opts.node_id)
     return code
+
+
+async def _serve_sqs(
+    opts: NodeOptions, api: web.Application, tls: NodeTLS | None, limits: HttpLimits
+) -> web.AppRunner | None:
+    """The ``--sqs-listen`` listener (HTTPS when the API is), over the API's service."""
+    assert opts.sqs_listen is not None
+    host, port = split_hostport(opts.sqs_listen, "--sqs-listen")
+    runner = web.AppRunner(
+        build_sqs_app(api),
+        handler_cancellation=True,
+        shutdown_timeout=handler_grace(opts.shutdown_timeout),
+        access_log=None,
+        **limits.handler_args(),
+    )
+    await runner.setup()
+    assert runner.server is not None
+    protocols = ApiProtocols(runner.server, limits, access_log=None)
+    site: web.BaseSite
+    if tls is None:
+        site = ApiSite(runner, host, port, protocols)
+    else:
+        site = HttpsSite(
+            runner, host, port, tls.server, require_client_cert=tls.require_client_cert,
+            protocols=protocols,
+        )  # fmt: skip
+    try:
+        await site.start()
+    except OSError as e:
+        log.error(
+            "node %s: cannot listen on %s: %s", opts.node_id, opts.sqs_listen, e.strerror or e
+        )
+        await runner.cleanup()
+        return None
+    scheme = "https" if tls is not None else "http"
+    log.info("node %s: SQS API on %s://%s", opts.node_id, scheme, opts.sqs_listen)
+    return runner
 
 
 def load_tls(opts: NodeOptions) -> NodeTLS:
@@ -312,7 +365,7 @@ def reload_tls(node_id: str, tls: NodeTLS) -> None:
     log.info("node %s: TLS certificate reloaded: %s", node_id, describe(cert))
 
 
-async def _shutdown(runner: web.AppRunner, raft: Any, budget: float) -> bool:
+async def _shutdown(runners: list[web.AppRunner], raft: Any, budget: float) -> bool:
     """Each step within what is left of one deadline; Raft is stopped whatever happened
     before. True if every step finished in time."""
     loop = asyncio.get_running_loop()
@@ -320,7 +373,8 @@ async def _shutdown(runner: web.AppRunner, raft: Any, budget: float) -> bool:
     clean = True
     try:
         try:  # stop accepting, drain handlers, release held consumers, drain group commit
-            await asyncio.wait_for(runner.cleanup(), max(0.1, end - RAFT_STOP_S - loop.time()))
+            for runner in runners:
+                await asyncio.wait_for(runner.cleanup(), max(0.1, end - RAFT_STOP_S - loop.time()))
         except TimeoutError:
             log.error("draining the API took longer than its share of %.0f s", budget)
             clean = False

@@ -25,6 +25,7 @@ from raftq.cluster.errors import BrokerError
 from raftq.cluster.state import Broker
 from raftq.node.batcher import Batcher
 from raftq.node.commands import MAX_WAIT_S
+from raftq.node.diskguard import DEFAULT_MIN_FREE, DiskGuard, Reserve, parse_reserve
 from raftq.node.errors import ApiError
 from raftq.node.metrics import DEFAULT_TOPICS as DEFAULT_METRICS_TOPICS
 from raftq.node.metrics import NodeMetrics
@@ -65,6 +66,9 @@ class NodeSettings:
     admin_token: str | None = field(default=None, repr=False)
     internal_token: str | None = field(default=None, repr=False)
     auth_observe: bool = False  # /metrics and /openapi.json need a token too
+    # What SQS secret access keys are derived from (raftq.node.sqs.credentials; from the
+    # cluster secret): None, no SQS request can be verified.
+    sqs_key: bytes | None = field(default=None, repr=False)
     # Per-topic and per-group metric series for at most this many topics, those with the
     # largest backlog (None: every topic); cluster totals are always there.
     metrics_topics: int | None = DEFAULT_METRICS_TOPICS
@@ -73,6 +77,9 @@ class NodeSettings:
     # current context: it changes when the certificate is reloaded).
     scheme: str = "http"
     peer_ssl: Callable[[], ssl.SSLContext] | None = field(default=None, repr=False, compare=False)
+    # The free-disk reserve (raftq.node.diskguard) of the data directory (None: in memory).
+    data_dir: str | None = None
+    min_free_disk: Reserve = field(default_factory=lambda: parse_reserve(DEFAULT_MIN_FREE))
 
     def url(self, api: str) -> str:
         """A node's API URL from its advertised ``host:port``."""
@@ -152,6 +159,7 @@ class BrokerService:
         self.raft = raft
         self.settings = settings
         self.metrics = NodeMetrics(raft, settings.metrics_topics)
+        self.disk = DiskGuard(settings.data_dir, settings.min_free_disk)
         self.batcher = Batcher(
             raft.propose,
             max_ops=settings.batch_max_ops,
@@ -192,6 +200,21 @@ class BrokerService:
         self.metrics.gauge(
             "raftq_ready", "1 when /readyz answers 200", lambda: self.readiness()["ready"]
         )
+        if settings.data_dir is not None:
+            self.metrics.gauge(
+                "raftq_disk_free_bytes",
+                "free bytes on this node's data disk (publishes stop below the reserve)",
+                lambda: self._disk_figure("free_bytes"),
+            )
+            self.metrics.gauge(
+                "raftq_disk_min_free_bytes",
+                "this node's free-disk reserve (--min-free-disk)",
+                lambda: self._disk_figure("min_free_bytes"),
+            )
+
+    def _disk_figure(self, key: str) -> float:
+        st = self.disk.status()
+        return float("nan") if st is None else float(st[key])
 
     # ------------------------------------------------------------------ leadership
 
@@ -223,7 +246,10 @@ class BrokerService:
         """Propose one command through group commit; return its result or raise ApiError
         (or LeaderLost: not applied, another node leads). ``bounded``: refused (503
         overloaded) when the group-commit queue is full; the node's own ticks and releases are
-        not."""
+        not. A publish is refused first (507 storage_full, nothing proposed) while this node's
+        data disk is below its free-disk reserve."""
+        if command.get("op") == "publish":
+            self.disk.check(self.settings.node_id)
         try:
             result = await self.batcher.submit(command, size, bounded)
         except _OUTCOMES as e:
@@ -492,13 +518,17 @@ class BrokerService:
             self._caught_up = st.applied_index >= target
         draining = self.draining.is_set()
         removed = bool(getattr(st, "removed", False))
-        return {
+        out = {
             "ready": bool(st.leader_id) and self._caught_up and not draining and not removed,
             "leader": st.leader_id,
             "caught_up": self._caught_up,
             "draining": draining,
             "removed": removed,
         }
+        disk = self.disk.status()
+        if disk is not None:  # (low on disk: still ready, so consumers keep draining here)
+            out["disk"] = disk
+        return out
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -46,7 +46,8 @@ def _may_configure(request: web.Request, topic: str, configs: list[Any], new: bo
 async def list_topics(svc: BrokerService, request: web.Request) -> web.StreamResponse:
     """A page of topic names in name order, those the token has a right on: at most
     ``limit``, after the name ``after``; ``next`` is the ``after`` of the next page (null on
-    the last). A name cursor stays valid whatever is created or deleted meanwhile."""
+    the last). A name cursor stays valid whatever is created or deleted meanwhile. With
+    ``stats``, also each listed topic's ``summary`` (one read for a whole table)."""
     who = principal(request)
     q = query(request)
     limit, after = q["limit"], q["after"]
@@ -59,7 +60,37 @@ async def list_topics(svc: BrokerService, request: web.Request) -> web.StreamRes
                 more = True
                 break
             page.append(name)
-    return httpio.respond(request, {"topics": page, "next": page[-1] if more else None})
+    body: dict[str, Any] = {"topics": page, "next": page[-1] if more else None}
+    if q["stats"]:
+        # (read right after the barrier above: as new as it, or newer; a topic deleted
+        # meanwhile leaves both lists)
+        stats = svc.raft.read(lambda b: [summary(b.topic_stats(n)) for n in page if n in b.topics])
+        body["topics"] = [s["topic"] for s in stats]
+        body["stats"] = stats
+    return httpio.respond(request, body)
+
+
+def summary(stats: dict[str, Any]) -> dict[str, Any]:
+    """A topic's figures in one flat row (``GET /topics?stats=1``): its own and its groups'
+    summed; ``oldest_unsettled_age_ms`` is the oldest among its groups."""
+    groups = stats["groups"]
+    ages = [g["oldest_age_ms"] for g in groups if g["oldest_age_ms"] is not None]
+    return {
+        "topic": stats["topic"],
+        "messages": stats["messages"],
+        "bytes": stats["bytes"],
+        "last_seq": stats["last_seq"],
+        "oldest_age_ms": stats["oldest_age_ms"],
+        "oldest_unsettled_age_ms": max(ages) if ages else None,
+        "groups": len(groups),
+        **{k: sum(g[k] for g in groups) for k in ("pending", "delayed", "in_flight", "consumers")},
+        "counters": {k[:-6]: v for k, v in stats.items() if k.endswith("_total")},
+        "group_counters": {
+            k[:-6]: sum(g.get(k, 0) for g in groups)
+            for k in (groups[0] if groups else {})
+            if k.endswith("_total")
+        },
+    }
 
 
 async def create_topic(svc: BrokerService, request: web.Request) -> web.StreamResponse:
@@ -145,7 +176,10 @@ ROUTES = [
           query=(Query("limit", lo=1, hi=MAX_LIST, default=DEFAULT_LIST,
                        doc=f"at most this many names (1-{MAX_LIST})"),
                  Query("after", kind="name",
-                       doc="start after this name: the previous page's next")),
+                       doc="start after this name: the previous page's next"),
+                 Query("stats", kind="flag",
+                       doc="1 or true: add stats, each listed topic's summary (the console's"
+                           " topic table)")),
           answer="TopicList", op="listTopics", perm=Permission(AUTHENTICATED)),
     Route("POST", "/topics", create_topic,
           "Create a topic (with groups; default group 'default'); 200 if it existed and "
