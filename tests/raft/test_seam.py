@@ -291,3 +291,12 @@ def test_last_log_read_from_another_thread_during_an_install_keeps_the_last_pair
     assert (raft.last_log_index, raft.last_log_term) == (7, 3)
     log.append((b"", 9, 4))
     assert (raft.last_log_index, raft.last_log_term) == (9, 4)
+
+
+def test_the_snapshot_writer_module_loads_the_executor_before_any_fork() -> None:
+    """Its at-fork hooks must exist before the first fork (see raft/_snapshots.py)."""
+    code = (
+        "import sys; import raftq.cluster.raft._snapshots; "
+        "sys.exit(0 if 'concurrent.futures.thread' in sys.modules else 1)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

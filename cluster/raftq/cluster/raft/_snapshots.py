@@ -3,6 +3,7 @@ sent to followers in chunks, and the jittered thresholds that start them."""
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401  (see below)
 import contextlib
 import logging
 import os
@@ -30,6 +31,12 @@ if TYPE_CHECKING:
     from raftq.cluster.raft._node import RaftNode
 
 log = logging.getLogger("raftq.cluster.raft")  # one logger for the whole package
+
+# Imported above, before any fork, for its at-fork hooks: Python runs the after-fork hooks
+# registered while a fork was under way even though their before-fork half never ran, so when
+# asyncio's first run_in_executor imported it lazily during a snapshot writer's fork, the
+# parent released the executor's global lock under the thread that held it ("release unlocked
+# lock" from a node's first getaddrinfo, seen about once in ten cluster restarts).
 
 
 class _Snapshots:
