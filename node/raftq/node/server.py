@@ -172,7 +172,7 @@ async def serve(
     raft_factory: Callable[[NodeOptions], Raft] = make_raft,
     stop: asyncio.Event | None = None,
 ) -> int:
-    host, port = split_hostport(opts.listen, "--listen")
+    split_hostport(opts.listen, "--listen")  # a bad address fails before Raft starts
     tls: NodeTLS | None = None
     if opts.tls_cert or opts.tls_key:
         try:  # before Raft starts: a node that cannot serve does not join in
@@ -223,29 +223,8 @@ async def serve(
         )
     app = build_app(raft, settings)
     limits = HttpLimits(idle_timeout=opts.idle_timeout, max_connections=opts.max_connections)
-    runner = web.AppRunner(
-        app,
-        handler_cancellation=True,
-        shutdown_timeout=handler_grace(opts.shutdown_timeout),
-        access_log=None,
-        **limits.handler_args(),
-    )
-    await runner.setup()
-    assert runner.server is not None
-    protocols = ApiProtocols(runner.server, limits, access_log=None)
-    site: web.BaseSite
-    if tls is None:
-        site = ApiSite(runner, host, port, protocols)
-    else:
-        site = HttpsSite(
-            runner, host, port, tls.server, require_client_cert=tls.require_client_cert,
-            protocols=protocols,
-        )  # fmt: skip
-    try:
-        await site.start()
-    except OSError as e:
-        log.error("node %s: cannot listen on %s: %s", opts.node_id, opts.listen, e.strerror or e)
-        await runner.cleanup()
+    runner = await _start_listener(app, opts, "--listen", tls, limits)
+    if runner is None:
         await raft.stop()
         return 1
     log.info("node %s: API on %s, Raft on %s", opts.node_id, settings.url(opts.listen), opts.raft)
@@ -305,9 +284,23 @@ async def _serve_sqs(
 ) -> web.AppRunner | None:
     """The ``--sqs-listen`` listener (HTTPS when the API is), over the API's service."""
     assert opts.sqs_listen is not None
-    host, port = split_hostport(opts.sqs_listen, "--sqs-listen")
+    runner = await _start_listener(build_sqs_app(api), opts, "--sqs-listen", tls, limits)
+    if runner is not None:
+        scheme = "https" if tls is not None else "http"
+        log.info("node %s: SQS API on %s://%s", opts.node_id, scheme, opts.sqs_listen)
+    return runner
+
+
+async def _start_listener(
+    app: web.Application, opts: NodeOptions, flag: str, tls: NodeTLS | None, limits: HttpLimits
+) -> web.AppRunner | None:
+    """Serve ``app`` on the address of option ``flag`` (HTTPS with ``tls``) under the node's
+    HTTP limits; None (and logged) when it cannot listen there."""
+    listen = opts.listen if flag == "--listen" else opts.sqs_listen
+    assert listen is not None
+    host, port = split_hostport(listen, flag)
     runner = web.AppRunner(
-        build_sqs_app(api),
+        app,
         handler_cancellation=True,
         shutdown_timeout=handler_grace(opts.shutdown_timeout),
         access_log=None,
@@ -327,13 +320,9 @@ async def _serve_sqs(
     try:
         await site.start()
     except OSError as e:
-        log.error(
-            "node %s: cannot listen on %s: %s", opts.node_id, opts.sqs_listen, e.strerror or e
-        )
+        log.error("node %s: cannot listen on %s: %s", opts.node_id, listen, e.strerror or e)
         await runner.cleanup()
         return None
-    scheme = "https" if tls is not None else "http"
-    log.info("node %s: SQS API on %s://%s", opts.node_id, scheme, opts.sqs_listen)
     return runner
 
 
