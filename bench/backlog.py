@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -54,7 +53,7 @@ from typing import Any
 
 import raftq.node.bench as local_cluster_module
 from raftq.client import AsyncClient, RaftqError
-from raftq.node.bench import LocalCluster, pipelined
+from raftq.node.bench import LocalCluster, free_ports, pipelined
 from raftq.node.devcluster import get_json
 
 MB = 1 << 20
@@ -123,17 +122,6 @@ def snapshot_mb(path: Path) -> float | None:
         if p.is_file() and not p.name.endswith(".tmp")
     ]
     return round(sum(sizes) / MB, 3) if sizes else None
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def drop_page_cache() -> str:

@@ -73,7 +73,8 @@ def add_bench_parser(sub: Any) -> None:
 # ---------------------------------------------------------------------- local cluster
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
+    """``n`` ports free on 127.0.0.1 right now."""
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -92,7 +93,7 @@ class LocalCluster:
 
     def __init__(self, fsync: str, nodes: int = 3, silent_api: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="raftq-bench-"))
-        ports = _free_ports(2 * nodes)
+        ports = free_ports(2 * nodes)
         self.layout = [
             {"id": f"n{i + 1}", "api": f"127.0.0.1:{ports[2 * i]}",
              "raft": f"127.0.0.1:{ports[2 * i + 1]}"}
