@@ -11,6 +11,7 @@ import sys
 import zipfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -141,3 +142,19 @@ def test_a_built_wheel_ships_the_console(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for path in UI.iterdir():
         assert f"raftq/node/ui/{path.name}" in names
+
+
+def test_a_members_figures_say_when_and_how_long_its_last_snapshot_was() -> None:
+    from types import SimpleNamespace
+
+    from raftq.node import ops
+
+    status = SimpleNamespace(role="leader", term=2, commit_index=9, applied_index=9)
+    stats = {"snapshots": 0, "last_snapshot_ms": 0, "last_snapshot_timestamp_ms": 0}
+    raft = SimpleNamespace(status=lambda: status, stats=stats)
+    svc: Any = SimpleNamespace(raft=raft)
+    none_yet = ops.figures(svc)
+    assert none_yet["snapshots"] == 0 and none_yet["last_snapshot_at"] is None
+    stats.update(snapshots=1, last_snapshot_ms=80, last_snapshot_timestamp_ms=1_796_000_000_123)
+    one = ops.figures(svc)
+    assert one["last_snapshot_at"] == 1_796_000_000.123 and one["last_snapshot_seconds"] == 0.08

@@ -100,7 +100,8 @@ class Member(TypedDict, total=False):
     answers: bool
     observed_role: str  # (set by the CLI's status: what it saw, not what the node says)
     # role, term, commit_index, applied_index, rss_bytes, fsyncs, fsync_seconds, snapshots,
-    # last_snapshot_seconds: from the member's /healthz when it answers (the web console's)
+    # last_snapshot_seconds, last_snapshot_at: from the member's /healthz when it answers (the
+    # web console's)
     figures: dict[str, Any]
 
 

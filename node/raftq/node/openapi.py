@@ -466,6 +466,9 @@ SCHEMAS: dict[str, Any] = {
             "fsync_seconds": _nullable({**N, "description": "time spent in fsync, in all"}),
             "snapshots": _nullable({**I, "description": "written since start"}),
             "last_snapshot_seconds": _nullable({**N, "description": "how long the last took"}),
+            "last_snapshot_at": _nullable(
+                {**N, "description": "when the last was written (seconds since the epoch)"}
+            ),
         },
         ["role"],
     ),

@@ -69,6 +69,11 @@ def figures(svc: BrokerService) -> dict[str, Any]:
         "fsyncs": stats.get("syncs"),
         "fsync_seconds": stats["sync_us"] / 1e6 if "sync_us" in stats else None,
         "snapshots": stats.get("snapshots"),
+        "last_snapshot_at": (
+            stats["last_snapshot_timestamp_ms"] / 1e3
+            if stats.get("last_snapshot_timestamp_ms")
+            else None
+        ),
         "last_snapshot_seconds": (
             stats["last_snapshot_ms"] / 1e3 if "last_snapshot_ms" in stats else None
         ),

@@ -120,6 +120,7 @@ class RaftNode:
             "max_tick_ms": 0,
             "snapshots": 0,
             "last_snapshot_ms": 0,
+            "last_snapshot_timestamp_ms": 0,  # when it was written (wall clock, ms)
             "fast_elections": 0,
             "max_append_gap_ms": 0,  # longest a follower went between its leader's appends
             "rescues": 0,

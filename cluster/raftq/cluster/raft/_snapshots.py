@@ -165,6 +165,7 @@ class _Snapshots:
             ms = int((time.monotonic() - self._started) * 1000)
             self._owner.stats["snapshots"] += 1
             self._owner.stats["last_snapshot_ms"] = ms
+            self._owner.stats["last_snapshot_timestamp_ms"] = int(time.time() * 1000)
             log.info(
                 "raft %s: snapshot up to entry %s written in %d ms",
                 self._owner.config.node_id,

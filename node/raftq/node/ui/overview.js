@@ -1,7 +1,12 @@
 // Overview: each node's health, the totals of the topics this token sees, and rates.
 
 import { RATES, loadCluster, loadTopics, state } from "./data.js";
-import { bytes, h, num, rate, sparkline } from "./dom.js";
+import { age, bytes, h, num, rate, sparkline } from "./dom.js";
+
+// When a node last wrote a snapshot, by this browser's clock (the node's wall clock sent).
+function ago(at) {
+  return at ? `${age(Math.max(0, Date.now() - at * 1000))} ago` : "—";
+}
 
 function nodeRows(cluster) {
   const members = Object.entries(cluster.members || {}).sort(([a], [b]) => a.localeCompare(b));
@@ -23,7 +28,7 @@ function nodeRows(cluster) {
       h("td", { class: "num" }, up ? bytes(f.rss_bytes) : "—"),
       h("td", { class: "num" }, fsyncMs === null ? "—" : `${fsyncMs.toFixed(2)} ms`, h("span", { class: "muted" }, f.fsyncs ? ` × ${num(f.fsyncs)}` : "")),
       h("td", { class: "num" }, up && f.snapshots !== undefined && f.snapshots !== null
-        ? `${num(f.snapshots)}${f.snapshots ? `, last ${f.last_snapshot_seconds.toFixed(2)} s` : ""}` : "—"),
+        ? `${num(f.snapshots)}${f.snapshots ? `, last ${ago(f.last_snapshot_at)} (${f.last_snapshot_seconds.toFixed(2)} s)` : ""}` : "—"),
     );
   });
 }
