@@ -136,6 +136,14 @@ def test_publish_and_peek_through_the_ui(console: Console, cluster: Cluster) -> 
     page.click("#config button[type=submit]")
     expect(page.locator("#config-msg")).to_have_text("Saved: max_messages.")  # (only it)
     assert api(cluster, "GET", f"/topics/{topic}")["config"]["max_messages"] == 777
+    # and a group's config, in its own (collapsed) editor
+    page.click("#group-configs details[data-group=default] summary")
+    page.fill("#group-config-default input[name=visibility_timeout]", "45")
+    page.click("#group-config-default button[type=submit]")
+    expect(page.locator("#group-config-msg")).to_have_text("Saved: visibility_timeout.")
+    expect(page.locator("#group-configs details[data-group=default]")).to_have_attribute("open", "")
+    group = api(cluster, "GET", f"/topics/{topic}/groups/default")
+    assert group["config"]["visibility_timeout"] == 45
     console.shot("topic")
     console.check()
 

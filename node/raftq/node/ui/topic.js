@@ -70,13 +70,14 @@ function configInput(k, v) {
   return h("input", { name: k, value: text, placeholder: "none", class: typeof v === "object" && v !== null ? "mono" : "" });
 }
 
-function configForm(topic, config, canEdit, msg, onSaved) {
+// A config editor for PATCH ``path`` (a topic's or a group's): only changed values are sent.
+function configForm(path, id, config, canEdit, msg, onSaved) {
   const inputs = Object.keys(config).sort().map((k) => {
     const input = configInput(k, config[k]);
     input.disabled = !canEdit;
     return [k, input];
   });
-  return h("form", { class: "panel", id: "config", onsubmit: async (e) => {
+  return h("form", { class: "panel", id, onsubmit: async (e) => {
     e.preventDefault();
     const changed = {};
     for (const [k, input] of inputs) {
@@ -85,7 +86,7 @@ function configForm(topic, config, canEdit, msg, onSaved) {
     }
     if (!Object.keys(changed).length) { say(msg, "Nothing changed.", true); return; }
     try {
-      await api("PATCH", `/topics/${enc(topic)}`, { config: changed });
+      await api("PATCH", path, { config: changed });
       say(msg, `Saved: ${Object.keys(changed).join(", ")}.`, true);
       onSaved();
     } catch (err) {
@@ -102,6 +103,8 @@ export function topicPage(main, name) {
   const groups = h("tbody", { id: "groups" });
   const configSlot = h("div");
   const configMsg = h("p", { class: "msg", role: "status", id: "config-msg" });
+  const groupSlot = h("div", { id: "group-configs" });
+  const groupMsg = h("p", { class: "msg", role: "status", id: "group-config-msg" });
   const canPublish = may("publish", name);
   const canAdmin = may("admin", name);
 
@@ -153,9 +156,11 @@ export function topicPage(main, name) {
         h("th", { class: "num", title: "pending + delayed + in flight" }, "Lag"), h("th", { class: "num" }, "Oldest"), h("th", {}, "Config"))),
       groups)),
     h("h2", {}, "Config"), configSlot, configMsg,
+    h("h2", {}, "Group config"), groupSlot, groupMsg,
     h("div", { class: "two" }, publish, peekForm),
   );
   let shownConfig = null;
+  let shownGroups = null;
   async function refresh() {
     const t = await api("GET", `/topics/${enc(name)}`);
     summary.textContent = `${num(t.messages)} messages, ${bytes(t.bytes)}, seq ${t.first_seq ?? "—"}…${t.last_seq}, `
@@ -164,7 +169,17 @@ export function topicPage(main, name) {
     const cfg = JSON.stringify(t.config);
     if (cfg !== shownConfig) { // (redrawn only when it changed: never under the user's typing)
       shownConfig = cfg;
-      configSlot.replaceChildren(configForm(name, t.config, canAdmin, configMsg, () => { shownConfig = null; refresh(); }));
+      configSlot.replaceChildren(configForm(`/topics/${enc(name)}`, "config", t.config, canAdmin, configMsg,
+        () => { shownConfig = null; refresh(); }));
+    }
+    const gcfg = JSON.stringify(t.groups.map((g) => [g.group, g.config]));
+    if (gcfg !== shownGroups) { // (one editor per group, in a collapsed section)
+      shownGroups = gcfg;
+      const open = new Set([...groupSlot.querySelectorAll("details[open]")].map((d) => d.dataset.group));
+      groupSlot.replaceChildren(...t.groups.map((g) => h("details", { "data-group": g.group, open: open.has(g.group) },
+        h("summary", {}, g.group),
+        configForm(`/topics/${enc(name)}/groups/${enc(g.group)}`, `group-config-${g.group}`, g.config, canAdmin,
+          groupMsg, () => { shownGroups = null; refresh(); }))));
     }
   }
   return { refresh };
