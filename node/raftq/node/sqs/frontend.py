@@ -49,8 +49,14 @@ _ANSWER = ("Content-Type", "x-amzn-query-error", "x-amzn-RequestId", "Retry-Afte
 
 
 class Frontend:
-    def __init__(self, svc: BrokerService, fwd: Forwarder, authn: Authenticator) -> None:
+    def __init__(
+        self, svc: BrokerService, fwd: Forwarder, authn: Authenticator, *, listener: bool = False
+    ) -> None:
         self.svc = svc
+        # On the ``--sqs-listen`` listener only clients call: forwards go to the API's /sqs, so
+        # there a client's X-Raftq-Forwarded / X-Raftq-Sqs-Path / X-Raftq-Sqs-Consumer mean
+        # nothing and are ignored (a forged path would pick what the signature is checked on).
+        self.listener = listener
         self.fwd = fwd
         self.authn = authn
         settings = svc.settings
@@ -105,8 +111,10 @@ class Frontend:
         if request.method not in ("GET", "POST"):
             raise SqsError("InvalidAction", f"{request.method} is not an SQS request")
         body = await httpio.read_raw(request)
-        forwarded = bool(request.headers.get(FORWARDED))
-        path = request.headers.get(PATH_HEADER, request.raw_path.partition("?")[0])
+        forwarded = self._forwarded(request)
+        path = request.raw_path.partition("?")[0]
+        if not self.listener:
+            path = request.headers.get(PATH_HEADER, path)
         url_query = urllib.parse.parse_qsl(request.query_string, keep_blank_values=True)
         if "X-Amz-Target" in request.headers:
             call = wire.decode_json(
@@ -171,6 +179,9 @@ class Frontend:
             return await self.forward(request, body, path, who)
         return _answer(call, result, request_id)
 
+    def _forwarded(self, request: web.Request) -> bool:
+        return not self.listener and bool(request.headers.get(FORWARDED))
+
     async def _receive(
         self, request: web.Request, ctx: Ctx, call: Call, request_id: str
     ) -> web.StreamResponse:
@@ -180,7 +191,7 @@ class Frontend:
             result = await ACTIONS["ReceiveMessage"](ctx, call.params)
             resp = _answer(call, result, request_id)
             if result:
-                if request.headers.get(FORWARDED):  # (for the follower's dead man's switch)
+                if self._forwarded(request):  # (for the follower's dead man's switch)
                     resp.headers[CONSUMER_HEADER] = ctx.consumer
                 transport = request.transport
                 if transport is None or transport.is_closing():
