@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import urllib.request
 from unittest import mock
 
 import pytest
@@ -91,3 +92,10 @@ def test_the_sqs_listener_ignores_forwarding_headers_from_clients(sqs_cluster: S
             req.headers[k] = v
         status, _, body = raw(base + "/", req)
         assert status == 200, (forged, body)
+    # Counted on the follower as forwarded, on the leader as answered (raftq_sqs_requests).
+    leader = sqs_cluster.leader()
+    assert leader is not None
+    for nid, outcome in ((sqs_cluster.followers()[0], "forwarded"), (leader, "ok")):
+        with urllib.request.urlopen(sqs_cluster.url(nid) + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert f'raftq_sqs_requests_total{{action="ListQueues",outcome="{outcome}"}}' in text

@@ -48,6 +48,15 @@ _HOP = frozenset(
 _ANSWER = ("Content-Type", "x-amzn-query-error", "x-amzn-RequestId", "Retry-After")
 
 
+class _Seen:
+    """What ``raftq_sqs_requests`` counts a request as: its action (once known to be one) and
+    its outcome (``ok``, the SQS error type, ``forwarded``, ``client_gone``)."""
+
+    def __init__(self) -> None:
+        self.action = "unknown"
+        self.outcome = "ok"
+
+
 class Frontend:
     def __init__(
         self, svc: BrokerService, fwd: Forwarder, authn: Authenticator, *, listener: bool = False
@@ -94,20 +103,30 @@ class Frontend:
         request_id = str(uuid.uuid4())
         protocol = "json" if "X-Amz-Target" in request.headers else "query"
         compat = request.headers.get("x-amzn-query-mode", "").lower() == "true"
+        seen = _Seen()
         try:
-            return await self._handle(request, request_id)
+            return await self._handle(request, request_id, seen)
         except SqsError as e:
+            seen.outcome = e.type
             return _error(protocol, compat, e, request_id)
         except ApiError as e:
-            return _error(protocol, compat, sqs_error(e), request_id)
+            err = sqs_error(e)
+            seen.outcome = err.type
+            return _error(protocol, compat, err, request_id)
         except (asyncio.CancelledError, ConnectionError):  # the client went away
+            seen.outcome = "client_gone"
             raise
         except Exception:  # a bug: said in SQS's shape, logged in full
             log.exception("internal error on SQS %s %s", request.method, request.path)
             err = SqsError("InternalFailure", "internal error; see the node log")
+            seen.outcome = err.type
             return _error(protocol, compat, err, request_id)
+        finally:
+            self.svc.metrics.sqs_requests.labels(seen.action, seen.outcome).inc()
 
-    async def _handle(self, request: web.Request, request_id: str) -> web.StreamResponse:
+    async def _handle(
+        self, request: web.Request, request_id: str, seen: _Seen
+    ) -> web.StreamResponse:
         if request.method not in ("GET", "POST"):
             raise SqsError("InvalidAction", f"{request.method} is not an SQS request")
         body = await httpio.read_raw(request)
@@ -133,6 +152,8 @@ class Frontend:
             call = wire.decode_query(url_query + form)
         if "QueueUrl" not in call.params and len([x for x in path.split("/") if x]) == 2:
             call.params["QueueUrl"] = path  # (sent to the queue's URL, as kombu does)
+        if call.action in ACTIONS:
+            seen.action = call.action
         who, access_key, region = ANYONE, "", "us-east-1"
         if self.svc.settings.auth:
             sreq = sigv4.Request(
@@ -143,6 +164,7 @@ class Frontend:
             except sigv4.SigError as e:
                 if e.code == "InvalidClientTokenId" and not forwarded and not self.svc.leads():
                     # (a token created a moment ago may not be applied here yet)
+                    seen.outcome = "forwarded"
                     return await self.forward(request, body, path, None)
                 raise SqsError(e.code, e.message) from None
             access_key, region = signed.access_key, signed.region
@@ -160,6 +182,7 @@ class Frontend:
             if forwarded:
                 raise SqsError("ServiceUnavailable", "forwarded to a node that is not the leader",
                                retry_after=1)  # fmt: skip
+            seen.outcome = "forwarded"
             if call.action == "ReceiveMessage":
                 return await self.forward_receive(request, body, path, who, call, request_id)
             return await self.forward(request, body, path, who)
@@ -174,6 +197,7 @@ class Frontend:
             if forwarded:
                 raise SqsError("ServiceUnavailable", "the leader changed; retry",
                                retry_after=1) from None  # fmt: skip
+            seen.outcome = "forwarded"
             if call.action == "ReceiveMessage":
                 return await self.forward_receive(request, body, path, who, call, request_id)
             return await self.forward(request, body, path, who)
