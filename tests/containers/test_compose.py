@@ -41,12 +41,14 @@ def compose_project() -> list[str]:
 @pytest.fixture
 def compose(image: str, compose_project: list[str]) -> Iterator[list[str]]:
     ports = [free_port() for _ in range(3)]
+    sqs_ports = [free_port() for _ in range(3)]  # (not 9324-9326: a dev cluster may hold them)
     env = dict(
         os.environ,
         RAFTQ_IMAGE=image,
         RAFTQ_SECRET=secrets.token_hex(16),
         RAFTQ_ADMIN_TOKEN=ADMIN_TOKEN,
         **{f"RAFTQ_PORT_N{i + 1}": str(p) for i, p in enumerate(ports)},
+        **{f"RAFTQ_SQS_PORT_N{i + 1}": str(p) for i, p in enumerate(sqs_ports)},
     )
     base = compose_project
     try:

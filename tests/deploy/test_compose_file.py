@@ -35,6 +35,17 @@ def test_the_secret_and_the_admin_token_are_required_from_the_environment() -> N
         assert env.get("RAFTQ_AUTH", "on") != "off", name
 
 
+def test_every_node_serves_sqs_published_on_loopback_only() -> None:
+    published = set()
+    for name, svc in services().items():
+        listen = svc["environment"]["RAFTQ_SQS_LISTEN"]
+        assert listen.endswith(":9324"), (name, listen)
+        sqs = [p for p in svc["ports"] if p.endswith(":9324")]
+        assert len(sqs) == 1 and sqs[0].startswith("127.0.0.1:"), (name, svc["ports"])
+        published.add(sqs[0].split(":")[1])
+    assert len(published) == 3  # (a host port each)
+
+
 def test_every_env_var_is_a_node_option() -> None:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     choices: Any = sub.choices

@@ -85,8 +85,16 @@ def test_ports_match_the_listen_raft_and_advertise_addresses(docs: dict[str, Any
     assert e["RAFTQ_LISTEN"].endswith(f":{ports['http']}")
     assert e["RAFTQ_RAFT"].endswith(f":{ports['raft']}")
     assert e["RAFTQ_ADVERTISE"].endswith(f":{ports['http']}")
+    assert e["RAFTQ_SQS_LISTEN"].endswith(f":{ports['sqs']}")
     svc_ports = {p["name"]: p["targetPort"] for p in docs["Service/raftq"]["spec"]["ports"]}
-    assert svc_ports == {"http": "http"}
+    assert svc_ports == {"http": "http", "sqs": "sqs"}
+
+
+def test_clients_reach_the_http_and_sqs_ports_and_nothing_else(docs: dict[str, Any]) -> None:
+    """The SQS listener is open as the HTTP API is (to any pod); the Raft port is not."""
+    policy = docs["NetworkPolicy/raftq"]["spec"]
+    open_to_all = [r for r in policy["ingress"] if "from" not in r]
+    assert [{p["port"] for p in r["ports"]} for r in open_to_all] == [{"http", "sqs"}]
 
 
 def test_secret_and_volume_references_resolve(docs: dict[str, Any]) -> None:

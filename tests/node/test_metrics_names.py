@@ -36,6 +36,8 @@ async def scrape(raft: LocalRaft) -> str:
         r = await client.post("/topics/orders/messages", json={"payload": b64(b"m")})
         assert r.status == 200
         assert (await client.get("/metrics")).status == 200  # an HTTP series too
+        sqs = {"X-Amz-Target": "AmazonSQS.ListQueues", "Content-Type": "application/x-amz-json-1.0"}
+        assert (await client.post("/sqs", data=b"{}", headers=sqs)).status == 400  # not signed
         return await (await client.get("/metrics")).text()
 
 
@@ -64,6 +66,12 @@ async def test_metrics_follow_prometheus_naming_rules() -> None:
     assert {"raftq_raft_fsyncs", "raftq_raft_fsync_seconds", "raftq_raft_snapshots"} <= names
     assert "raftq_raft_max_tick_seconds" in names
     assert "raftq_group_pending" in names and not any("backlog" in n for n in names)
+    sqs = [
+        s for f in text_string_to_metric_families(text) if f.name == "raftq_sqs_requests"
+        for s in f.samples if s.name.endswith("_total")
+    ]  # fmt: skip
+    assert [(s.labels["action"], s.value) for s in sqs] == [("ListQueues", 1.0)], sqs
+    assert sqs[0].labels["outcome"] in ("IncompleteSignature", "MissingAuthenticationToken")
     promtool = shutil.which("promtool")
     if promtool is not None:  # (Debian's `prometheus` package has it)
         res = await asyncio.to_thread(

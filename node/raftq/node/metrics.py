@@ -263,6 +263,13 @@ class NodeMetrics:
             ["code"],
             registry=self.registry,
         )
+        self.sqs_requests = Counter(
+            "raftq_sqs_requests",
+            "SQS API requests by action (unknown: not an SQS action) and outcome: ok, the SQS"
+            " error type, or forwarded (answered by the leader, which counts it too)",
+            ["action", "outcome"],
+            registry=self.registry,
+        )
         self.proxied = Counter(
             "raftq_proxied_requests", "requests forwarded to the leader", registry=self.registry
         )

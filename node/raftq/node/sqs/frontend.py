@@ -48,9 +48,24 @@ _HOP = frozenset(
 _ANSWER = ("Content-Type", "x-amzn-query-error", "x-amzn-RequestId", "Retry-After")
 
 
+class _Seen:
+    """What ``raftq_sqs_requests`` counts a request as: its action (once known to be one) and
+    its outcome (``ok``, the SQS error type, ``forwarded``, ``client_gone``)."""
+
+    def __init__(self) -> None:
+        self.action = "unknown"
+        self.outcome = "ok"
+
+
 class Frontend:
-    def __init__(self, svc: BrokerService, fwd: Forwarder, authn: Authenticator) -> None:
+    def __init__(
+        self, svc: BrokerService, fwd: Forwarder, authn: Authenticator, *, listener: bool = False
+    ) -> None:
         self.svc = svc
+        # On the ``--sqs-listen`` listener only clients call: forwards go to the API's /sqs, so
+        # there a client's X-Raftq-Forwarded / X-Raftq-Sqs-Path / X-Raftq-Sqs-Consumer mean
+        # nothing and are ignored (a forged path would pick what the signature is checked on).
+        self.listener = listener
         self.fwd = fwd
         self.authn = authn
         settings = svc.settings
@@ -88,25 +103,37 @@ class Frontend:
         request_id = str(uuid.uuid4())
         protocol = "json" if "X-Amz-Target" in request.headers else "query"
         compat = request.headers.get("x-amzn-query-mode", "").lower() == "true"
+        seen = _Seen()
         try:
-            return await self._handle(request, request_id)
+            return await self._handle(request, request_id, seen)
         except SqsError as e:
+            seen.outcome = e.type
             return _error(protocol, compat, e, request_id)
         except ApiError as e:
-            return _error(protocol, compat, sqs_error(e), request_id)
+            err = sqs_error(e)
+            seen.outcome = err.type
+            return _error(protocol, compat, err, request_id)
         except (asyncio.CancelledError, ConnectionError):  # the client went away
+            seen.outcome = "client_gone"
             raise
         except Exception:  # a bug: said in SQS's shape, logged in full
             log.exception("internal error on SQS %s %s", request.method, request.path)
             err = SqsError("InternalFailure", "internal error; see the node log")
+            seen.outcome = err.type
             return _error(protocol, compat, err, request_id)
+        finally:
+            self.svc.metrics.sqs_requests.labels(seen.action, seen.outcome).inc()
 
-    async def _handle(self, request: web.Request, request_id: str) -> web.StreamResponse:
+    async def _handle(
+        self, request: web.Request, request_id: str, seen: _Seen
+    ) -> web.StreamResponse:
         if request.method not in ("GET", "POST"):
             raise SqsError("InvalidAction", f"{request.method} is not an SQS request")
         body = await httpio.read_raw(request)
-        forwarded = bool(request.headers.get(FORWARDED))
-        path = request.headers.get(PATH_HEADER, request.raw_path.partition("?")[0])
+        forwarded = self._forwarded(request)
+        path = request.raw_path.partition("?")[0]
+        if not self.listener:
+            path = request.headers.get(PATH_HEADER, path)
         url_query = urllib.parse.parse_qsl(request.query_string, keep_blank_values=True)
         if "X-Amz-Target" in request.headers:
             call = wire.decode_json(
@@ -125,6 +152,8 @@ class Frontend:
             call = wire.decode_query(url_query + form)
         if "QueueUrl" not in call.params and len([x for x in path.split("/") if x]) == 2:
             call.params["QueueUrl"] = path  # (sent to the queue's URL, as kombu does)
+        if call.action in ACTIONS:
+            seen.action = call.action
         who, access_key, region = ANYONE, "", "us-east-1"
         if self.svc.settings.auth:
             sreq = sigv4.Request(
@@ -135,6 +164,7 @@ class Frontend:
             except sigv4.SigError as e:
                 if e.code == "InvalidClientTokenId" and not forwarded and not self.svc.leads():
                     # (a token created a moment ago may not be applied here yet)
+                    seen.outcome = "forwarded"
                     return await self.forward(request, body, path, None)
                 raise SqsError(e.code, e.message) from None
             access_key, region = signed.access_key, signed.region
@@ -152,6 +182,7 @@ class Frontend:
             if forwarded:
                 raise SqsError("ServiceUnavailable", "forwarded to a node that is not the leader",
                                retry_after=1)  # fmt: skip
+            seen.outcome = "forwarded"
             if call.action == "ReceiveMessage":
                 return await self.forward_receive(request, body, path, who, call, request_id)
             return await self.forward(request, body, path, who)
@@ -166,10 +197,14 @@ class Frontend:
             if forwarded:
                 raise SqsError("ServiceUnavailable", "the leader changed; retry",
                                retry_after=1) from None  # fmt: skip
+            seen.outcome = "forwarded"
             if call.action == "ReceiveMessage":
                 return await self.forward_receive(request, body, path, who, call, request_id)
             return await self.forward(request, body, path, who)
         return _answer(call, result, request_id)
+
+    def _forwarded(self, request: web.Request) -> bool:
+        return not self.listener and bool(request.headers.get(FORWARDED))
 
     async def _receive(
         self, request: web.Request, ctx: Ctx, call: Call, request_id: str
@@ -180,7 +215,7 @@ class Frontend:
             result = await ACTIONS["ReceiveMessage"](ctx, call.params)
             resp = _answer(call, result, request_id)
             if result:
-                if request.headers.get(FORWARDED):  # (for the follower's dead man's switch)
+                if self._forwarded(request):  # (for the follower's dead man's switch)
                     resp.headers[CONSUMER_HEADER] = ctx.consumer
                 transport = request.transport
                 if transport is None or transport.is_closing():

@@ -16,7 +16,7 @@ MAX_BODY = 2 << 20  # a batch of 10 messages of up to 1 MiB in all, with its att
 
 def build_sqs_app(api: web.Application) -> web.Application:
     svc = api[SERVICE]
-    front = Frontend(svc, api[FORWARDER], api[AUTHN])
+    front = Frontend(svc, api[FORWARDER], api[AUTHN], listener=True)
     app = web.Application(client_max_size=MAX_BODY)
 
     async def handle(request: web.Request) -> web.StreamResponse:

@@ -195,6 +195,8 @@ def _check(
         )
     if "host" not in signed_headers:
         raise SigError("SignatureDoesNotMatch", "the host header must be signed")
+    if not signature.isascii():  # (compare_digest refuses non-ASCII text with a TypeError)
+        raise SigError("SignatureDoesNotMatch", "the signature is not hexadecimal")
     secret = secret_for(access_key)
     if secret is None:
         raise SigError(
@@ -246,6 +248,8 @@ def _verify_header(
     if given != payload:
         raise SigError("SignatureDoesNotMatch", "x-amz-content-sha256 does not match the body")
     signed = fields["SignedHeaders"].split(";")
+    if "x-amz-date" not in signed:  # (as AWS: the date the signature is good for is signed)
+        raise SigError("SignatureDoesNotMatch", "the x-amz-date header must be signed")
     _check(
         req, access_key, date, region, scope, amz_date, signed, fields["Signature"], (payload,),
         None, secret_for,
@@ -268,7 +272,10 @@ def _verify_presigned(
     amz_date = query["X-Amz-Date"]
     when = _parse_date(amz_date)
     expires_text = query.get("X-Amz-Expires", str(MAX_PRESIGN_EXPIRES_S))
-    if not expires_text.isdigit() or not 0 < int(expires_text) <= MAX_PRESIGN_EXPIRES_S:
+    if (
+        not (expires_text.isascii() and expires_text.isdigit())
+        or not 0 < int(expires_text) <= MAX_PRESIGN_EXPIRES_S
+    ):
         raise SigError(
             "AuthorizationQueryParametersError",
             f"X-Amz-Expires must be 1 to {MAX_PRESIGN_EXPIRES_S} seconds",

@@ -182,7 +182,7 @@ def _indexed(node: Any, name: str) -> list[Any]:
         raise SqsError("MalformedQueryString", f"{name} must be given as {name}.<n>...")
     out = []
     for k in node:
-        if not k.isdigit() or not 1 <= int(k) <= MAX_QUERY_INDEX:
+        if not (k.isascii() and k.isdigit()) or not 1 <= int(k) <= MAX_QUERY_INDEX:
             raise SqsError("MalformedQueryString", f"{name}.{k}: the index must be 1 to 100")
     for k in sorted(node, key=int):
         out.append(node[k])
@@ -198,7 +198,7 @@ def _convert(tree: Mapping[str, Any], action: str) -> dict[str, Any]:
                 name = "tags"  # (the JSON model's lower-case member)
             m: dict[str, Any] = {}
             for item in _indexed(v, k):
-                if not isinstance(item, dict) or kname not in item:
+                if not isinstance(item, dict) or not isinstance(item.get(kname), str):
                     raise SqsError("MalformedQueryString", f"{k}.<n> needs {kname} and {vname}")
                 val = item.get(vname)
                 m[item[kname]] = _convert(val, action) if isinstance(val, dict) else val
