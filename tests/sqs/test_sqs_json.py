@@ -147,6 +147,13 @@ def test_batches_limits_and_per_entry_failures(sqs_cluster: SqsCluster, qname: s
             QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": big} for i in range(6)]
         )
     assert code(e) == "AWS.SimpleQueueService.BatchRequestTooLong"
+    # message attributes count toward the batch's size too (bodies alone are under it here)
+    attr = {"a": {"DataType": "String", "StringValue": "v" * 4000}}
+    near = [{"Id": str(i), "MessageBody": "x" * 260_000, "MessageAttributes": attr}
+            for i in range(4)]  # fmt: skip
+    with pytest.raises(ClientError) as e:
+        sqs.send_message_batch(QueueUrl=url, Entries=near)
+    assert code(e) == "AWS.SimpleQueueService.BatchRequestTooLong"
     res = sqs.send_message_batch(
         QueueUrl=url,
         Entries=[

@@ -565,10 +565,22 @@ def _failed(eid: str, err: SqsError) -> dict[str, Any]:
             "Message": err.message}  # fmt: skip
 
 
+def _entry_size(entry: dict[str, Any]) -> int:
+    """What an entry counts toward the batch's size, as SQS counts it: its body and its
+    message attributes (bad attributes count nothing here: that entry fails on its own)."""
+    size = len(str(entry.get("MessageBody") or "").encode())
+    try:
+        return size + sqsmsg.attributes_size(
+            sqsmsg.check_attributes(entry.get("MessageAttributes"))
+        )
+    except SqsError:
+        return size
+
+
 async def send_message_batch(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     entries = _entries(p)
     name, stats = await _queue_for(ctx, p, PUBLISH)
-    total = sum(len(str(e.get("MessageBody") or "").encode()) for e in entries)
+    total = sum(_entry_size(e) for e in entries)
     if total > MAX_BATCH_BYTES:
         raise SqsError(
             "BatchRequestTooLong",
