@@ -36,7 +36,7 @@ def test_refs_count_down_and_compaction_moves_are_applied() -> None:
         ix.append(i, 30, 1, AT, 3)
     ix.set_ref(4, ix.ref(4) - 1)
     assert ix.ref(4) == 2
-    ix.relocate({4: 1 << 32 | 24})
+    ix.relocate({4: (1 << 32 | 24, 30)})
     assert ix.is_live(4, 1 << 32 | 24) and not ix.is_live(4, 3)
     ix.remove(4)
     assert not ix.is_live(4, 1 << 32 | 24)

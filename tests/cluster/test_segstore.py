@@ -166,15 +166,14 @@ def test_compaction_moves_live_records_and_returns_where_they_went(tmp_path: Pat
         index = dict(locs)
         moved = s.compact("t.1", 1, lambda seq, loc: seq in index and index[seq][0] == loc
                           and seq % 4 == 0)  # fmt: skip
-        for seq, loc in moved.items():
-            index[seq] = (loc, index[seq][1])
+        index.update(moved)
         _, marks = s.marks()
         return moved, _files(path, marks), s, index
 
     moved, files, s, index = run(tmp_path / "a")
     moved_b, files_b, _, _ = run(tmp_path / "b")
     assert moved == moved_b and files == files_b, "compaction is deterministic"
-    assert moved and all(loc >> 32 > 1 for loc in moved.values())
+    assert moved and all(loc >> 32 > 1 for loc, _ in moved.values())
     assert 1 not in [st[0] for st in s.stats("t.1")]
     for seq in moved:
         loc, n = index[seq]
@@ -594,3 +593,12 @@ def test_a_retired_segment_stays_readable_until_a_later_snapshot_commits(tmp_pat
     s.commit(s.marks()[0])
     with pytest.raises(StorageCorrupt, match="no such segment"):
         s.read("t.1", 1, *locs[1])
+
+
+def test_append_batch_gives_each_message_a_readable_location(tmp_path: Path) -> None:
+    s = _store(tmp_path)
+    items = [(b"p%d" % i, {"h": str(i)} if i % 2 else None) for i in range(5)]
+    locs, lengths = s.append_batch("t.1", 7, AT, items)
+    assert len(locs) == len(lengths) == 5
+    for i, (loc, n) in enumerate(zip(locs, lengths, strict=True)):
+        assert s.read("t.1", 7 + i, loc, n) == items[i]

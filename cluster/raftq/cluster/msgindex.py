@@ -120,11 +120,12 @@ class MsgIndex:
             self.first_seq += h
             self.head = 0
 
-    def relocate(self, moved: dict[int, int]) -> None:
-        """Apply a segstore compaction's ``{seq: new location}``."""
-        first, loc = self.first_seq, self.loc
-        for seq, new in moved.items():
+    def relocate(self, moved: dict[int, tuple[int, int]]) -> None:
+        """Apply a segstore compaction's ``{seq: (new location, length)}``."""
+        first, loc, length = self.first_seq, self.loc, self.length
+        for seq, (new, n) in moved.items():
             loc[seq - first] = new
+            length[seq - first] = n
 
     def nbytes(self) -> int:
         """Bytes the columns hold (allocated, not only used)."""

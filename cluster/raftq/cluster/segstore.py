@@ -282,6 +282,23 @@ class SegmentStore:
         and length (what ``read`` needs)."""
         return self.append_raw(key, encode_record(seq, at, payload, headers))
 
+    def append_batch(
+        self,
+        key: str,
+        first_seq: int,
+        at: int,
+        items: Sequence[tuple[bytes, Mapping[str, str] | None]],
+    ) -> tuple[list[int], list[int]]:
+        """Append messages ``first_seq``, ``first_seq + 1``, ... published at ``at``; returns
+        each one's location and length (what ``read`` and ``free`` take)."""
+        locs: list[int] = []
+        lengths: list[int] = []
+        for i, (payload, headers) in enumerate(items):
+            loc, n = self.append_raw(key, encode_record(first_seq + i, at, payload, headers))
+            locs.append(loc)
+            lengths.append(n)
+        return locs, lengths
+
     def append_raw(self, key: str, rec: bytes) -> tuple[int, int]:
         self._check()
         st = self._streams.get(key)
@@ -409,10 +426,12 @@ class SegmentStore:
                     out.append((st.key, seg.segno))
         return out
 
-    def compact(self, key: str, segno: int, is_live: Callable[[int, int], bool]) -> dict[int, int]:
+    def compact(
+        self, key: str, segno: int, is_live: Callable[[int, int], bool]
+    ) -> dict[int, tuple[int, int]]:
         """Copy the live records of a segment (``is_live(seq, loc)``: the caller's index still
         points there) to the stream's tail, retire the segment, and return ``{seq: new
-        location}`` for the caller's index (record lengths do not change). Deterministic: the
+        location, length}`` for the caller's index. Deterministic: the
         same files and index give the same result on every replica."""
         self._check()
         st = self._streams[key]
@@ -421,11 +440,11 @@ class SegmentStore:
             raise ValueError(f"segment {segno} of {key!r} is being appended to")
         self._flush(seg)
         data = self._pread(seg.path, seg.size, 0)
-        moved: dict[int, int] = {}
+        moved: dict[int, tuple[int, int]] = {}
         for off, rec in self._records(seg, data):
             seq = check_record(rec, seg.path, off)[0]
             if is_live(seq, location(segno, off)):
-                moved[seq] = self.append_raw(key, bytes(rec))[0]
+                moved[seq] = self.append_raw(key, bytes(rec))
         if len(moved) != seg.live:  # a bug, not bad luck: stop before anything is lost
             self._broken = StorageError(
                 f"{seg.path}: {len(moved)} live records found, {seg.live} expected:"
