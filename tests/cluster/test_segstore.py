@@ -156,7 +156,9 @@ def test_a_store_is_unusable_before_it_is_truncated_to_a_snapshot(tmp_path: Path
 
 
 def test_compaction_moves_live_records_and_returns_where_they_went(tmp_path: Path) -> None:
-    def run(path: Path) -> tuple[dict[int, int], dict[str, bytes], SegmentStore, dict[int, Any]]:
+    def run(
+        path: Path,
+    ) -> tuple[dict[int, tuple[int, int]], dict[str, bytes], SegmentStore, dict[int, Any]]:
         s = _store(path)
         locs = _append(s, "t.1", range(1, 200))
         for i, (loc, n) in locs.items():
@@ -517,8 +519,7 @@ def test_random_appends_frees_compactions_and_power_cuts_match_an_uncut_replica(
         else:
             m = model[key]
             moved = store.compact(key, arg, lambda q, loc: q in m and m[q][0] == loc)
-            for q, loc in moved.items():
-                m[q] = (loc, m[q][1])
+            m.update(moved)
 
     Model = dict[str, dict[int, tuple[int, int]]]
     saved: tuple[Marks, Model] = ([], {k: dict(v) for k, v in live.items()})  # last snapshot
