@@ -22,6 +22,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from raftq.cluster.raft import RaftConfig, RaftError, RaftNode
+from raftq.cluster.segstore import SEGMENT_BYTES
 from raftq.cluster.state import Broker
 from raftq.cluster.storage import Disk
 
@@ -142,6 +143,7 @@ async def main() -> None:
     ap.add_argument("--secret", default="test-secret")
     ap.add_argument("--compaction-entries", type=int, default=10_000)
     ap.add_argument("--no-ack-fix", action="store_true")
+    ap.add_argument("--segment-bytes", type=int, default=SEGMENT_BYTES, help="store segments")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     disk: Disk | None = None
@@ -155,6 +157,7 @@ async def main() -> None:
         cfg,
         disk=disk,
         compaction_entries=args.compaction_entries,
+        store_segment_bytes=args.segment_bytes,
         fix_stale_acks=not args.no_ack_fix,
     )
     try:

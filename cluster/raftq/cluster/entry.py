@@ -32,10 +32,12 @@ def decode_entry(data: bytes) -> tuple[int, list[Any]]:
     return now, commands
 
 
-def apply_entry(broker: Broker, data: bytes) -> list[dict[str, Any]]:
-    """Decode and apply one entry; a malformed entry changes nothing and yields no results."""
+def apply_entry(broker: Broker, data: bytes, read: bool = True) -> list[dict[str, Any]]:
+    """Decode and apply one entry; a malformed entry changes nothing and yields no results.
+    ``read``: deliveries' payloads are read from the store (only where somebody waits for the
+    results: the leader that proposed it)."""
     try:
         now, commands = decode_entry(data)
-        return broker.apply_batch(now, commands)
+        return broker.apply_batch(now, commands, read)
     except (ValueError, msgpack.UnpackException, TypeError, InvalidArgument):
         return []

@@ -152,6 +152,15 @@ class BrokerCollector(Collector):
             )
             g.add_metric([], limit)
             yield g
+        live, segments = self.raft.read(lambda b: b.store.retained_bytes())
+        store = GaugeMetricFamily(
+            "raftq_store_bytes",
+            "this node's payload store: bytes of live records, and of its segment files",
+            labels=["kind"],
+        )
+        store.add_metric(["live"], live)
+        store.add_metric(["segments"], segments)
+        yield store
         shown = GaugeMetricFamily(
             "raftq_metrics_topics_shown",
             "topics with per-topic series in this scrape (--metrics-topics)",

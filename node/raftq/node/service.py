@@ -42,6 +42,7 @@ log = logging.getLogger("raftq.node")
 
 READ_RETRY_S = 0.02  # a read that reached a leader not ready yet (see read_latest)
 FOLLOWER_TICKER_S = 0.05  # how soon a new leader's timer starts (due deadlines slip this much)
+COMPACTION_CHECK_S = 1.0  # how often the leader looks for store segments worth compacting
 # A command that cannot be encoded into an entry (a value msgpack refuses): refused before
 # anything was appended, so a batch holding it may be split and retried without it.
 UNENCODABLE = (TypeError, OverflowError, UnicodeEncodeError)
@@ -265,6 +266,8 @@ class BrokerService:
             return self.raft.read(fn)
         except BrokerError as e:
             raise ApiError.from_wire(e.to_wire()) from None
+        except RaftError as e:  # (a payload the store could not read stopped this node)
+            raise outcome_error(e, READ, self.settings.retry_after) from None
 
     async def read_latest(self, fn: Callable[[Broker], Any]) -> Any:
         """``read`` that sees every write acknowledged before the request (linearizable): the
@@ -467,6 +470,7 @@ class BrokerService:
         Re-armed after every tick that applied entries, so there is no fixed-rate scan; a
         follower looks every ``FOLLOWER_TICKER_S`` whether it leads now."""
         last_ticked: int | None = None
+        compaction_checked = 0.0
         while True:
             try:
                 self._ticker_until = None  # first: an apply from here on wakes us
@@ -475,6 +479,13 @@ class BrokerService:
                     await asyncio.sleep(FOLLOWER_TICKER_S)
                     continue
                 signal = self._arm_apply_signal()
+                if time.monotonic() - compaction_checked >= COMPACTION_CHECK_S:
+                    # Mostly-dead store segments: one compaction per entry, like a tick.
+                    compaction_checked = time.monotonic()
+                    cmds = self.raft.read(lambda b: b.compaction_candidates())
+                    if cmds:
+                        await self.call(cmds[0], bounded=False)
+                        continue
                 due = self.raft.read(lambda b: b.next_due())
                 now = time.time() * 1000
                 if due is not None and due <= now:

@@ -68,6 +68,7 @@ from raftq.cluster.raft._types import (
     UnknownOutcome,
 )
 from raftq.cluster.raft._wire import _Sealer
+from raftq.cluster.segstore import COMPLETE, SEGMENT_BYTES, SegmentStore
 from raftq.cluster.state import Broker
 from raftq.cluster.storage import (
     CommitMark,
@@ -99,6 +100,7 @@ class RaftNode:
         quorum_sends: bool = QUORUM_SENDS,
         loop_ticks: bool = LOOP_TICKS,
         pre_vote: bool = PRE_VOTE,
+        store_segment_bytes: int = SEGMENT_BYTES,
     ) -> None:
         if config.fsync not in ("always", "never"):
             raise ValueError(f"fsync must be 'always' or 'never', not {config.fsync!r}")
@@ -133,6 +135,17 @@ class RaftNode:
             "pre_votes_refused": 0,
         }
         self._disk: Disk = disk if disk is not None else OsDisk()
+        if config.data_dir is not None:
+            # Payloads live in segment files beside the journal (segstore); without a data
+            # directory the broker keeps its default in-memory store.
+            self.broker.use_store(
+                SegmentStore(
+                    self._disk,  # type: ignore[arg-type]  # (OsDisk and SimDisk: open_read)
+                    os.path.join(config.data_dir, "store"),
+                    segment_bytes=store_segment_bytes,
+                    fsync=self.fsync,
+                )
+            )
         self._socket_buffer = socket_buffer
         self._fix_sends = fix_partial_sends
         self._lock = threading.Lock()  # apply vs reads
@@ -252,6 +265,11 @@ class RaftNode:
                     f" the snapshot before it is missing"
                 )
             )
+        else:  # no snapshot: the journal replay writes the store from nothing
+            try:
+                self.broker.store.truncate_to([])
+            except StorageError as e:
+                self._fail(e)
         if self._fatal is None:
             try:
                 self._marks.apply(raft, journal)
@@ -368,6 +386,14 @@ class RaftNode:
     def _restore(self, snap: bytes, nodes: list[Any], last_index: int, install: bool) -> None:
         """A snapshot was loaded (``_Snapshots.deserialize``): the broker's state replaced."""
         with self._lock:
+            store = self.broker.store
+            staging = store.dir + ".incoming"
+            try:
+                received = COMPLETE in store.disk.listdir(staging)
+            except FileNotFoundError:
+                received = False
+            if received:  # a transfer's store files (see _Snapshots.setTransmissionData)
+                store.install(staging)
             self.broker.restore(snap)
         for addr, nid, api in nodes:
             self._info[addr] = (nid, api)
@@ -447,8 +473,14 @@ class RaftNode:
             raise self._proposals.timed_out(p, timeout) from None
 
     def read(self, fn: Callable[[Broker], T]) -> T:
+        """``fn(broker)`` under the apply lock. A store that cannot be read (a payload for a
+        peek) stops the node, as on the apply thread: RaftError, never a wrong answer."""
         with self._lock:
-            return fn(self.broker)
+            try:
+                return fn(self.broker)
+            except StorageError as e:
+                self._fail(e)
+                raise RaftError(f"raft node stopped: {e}") from e
 
     async def read_barrier(self, timeout: float = 5.0) -> None:
         """Make the next ``read`` linearizable (Raft's ReadIndex): return once this node has

@@ -143,8 +143,8 @@ class Proposals:
     def apply(self, idx: int, data: bytes) -> None:
         """pysyncobj applies our entry ``idx`` (the replicated method)."""
         node = self._node
-        with node._lock:
-            results = apply_entry(node.broker, data)
+        with node._lock:  # (payloads are read only for an entry somebody here waits for)
+            results = apply_entry(node.broker, data, idx in self.pending)
         snaps = self._snaps
         snaps.since_compaction += len(data)
         if snaps.since_compaction >= snaps.compaction_bytes:

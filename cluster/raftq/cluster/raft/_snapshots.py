@@ -1,5 +1,14 @@
 """Snapshots: pysyncobj's serializer replaced by sealed msgpack files written by a forked child,
-sent to followers in chunks, and the jittered thresholds that start them."""
+sent to followers in chunks, and the jittered thresholds that start them.
+
+A snapshot holds the broker's metadata and the payload store's *marks* (per stream, its
+segments and their sizes), not the payloads. The marks are taken under the apply lock before
+the fork; the child makes the marked segment bytes durable (``segstore.sync_marked``) before
+it writes the snapshot file, and once that file is durable ``store.commit`` may delete the
+segments retired before it. A follower that needs the snapshot gets it in parts: ``S`` (the
+snapshot file's bytes), ``F`` (frames of the marked segment files, read from disk by an
+``Export``), ``E`` (the end); it writes the frames with a ``StoreImporter`` into
+``store.incoming`` and the node installs them before restoring (``RaftNode._restore``)."""
 
 from __future__ import annotations
 
@@ -17,6 +26,8 @@ import msgpack
 from raftq.cluster.raft._files import drop_inherited_locks
 from raftq.cluster.raft._seam import SERIALIZER_STATE, Raft, make_node
 from raftq.cluster.raft._tuning import COMPACTION_BYTES, SNAPSHOT_SYNC_EVERY
+from raftq.cluster.segstore import Export, Marks, StoreImporter, sync_marked
+from raftq.cluster.state import Broker
 from raftq.cluster.storage import (
     Disk,
     Entry,
@@ -69,8 +80,10 @@ class _Snapshots:
         self._retry_at = 0.0
         self._aborted = False
         self._loaded: tuple[Entry, Entry, list[Any], bytes] | None = None
-        self._tx: dict[Any, tuple[bytes, int]] = {}
+        self._tx: dict[Any, _Tx] = {}
         self._rx: bytearray | None = None
+        self._importer: StoreImporter | None = None
+        self._epoch = 0  # the store's epoch of the snapshot being written (store.commit)
         self.installed = False  # the next deserialize() is a snapshot install, not startup
         # Thresholds of the next snapshot (see _jitter): pysyncobj counts entries (rearm); entry
         # bytes applied are counted here (by Proposals.apply, which calls force_by_bytes).
@@ -88,15 +101,15 @@ class _Snapshots:
         self.compaction_bytes = _jitter(COMPACTION_BYTES)
         self._raft.force_compaction()  # taken up by pysyncobj's next compaction check
 
-    def _blob(self, data: Any) -> list[bytes]:
+    def _blob(self, data: Any, marks: Marks) -> list[bytes]:
         """The snapshot file's bytes in parts: ``seal(msgpack(body))`` without copying the
-        broker's snapshot twice more (~0.15-0.3 s of the writer's 1-1.5 s for 65 MB)."""
+        broker's snapshot twice more."""
         last, prev, cluster = data[1], data[2], data[3]
         nodes = [
             [n.id, getattr(n, "raftq_id", n.id), getattr(n, "raftq_api", "")]
             for n in sorted(cluster, key=lambda n: str(n.id))
         ]
-        snap = self._owner.broker.snapshot()
+        snap = self._owner.broker.snapshot(marks)
         head = msgpack.packb([1, list(last), list(prev), nodes], use_bin_type=True)
         # A five-element array: the four above (after their one-byte array header) + bin(snap).
         return seal_parts([b"\x95", head[1:], _bin_header(len(snap)), snap])
@@ -106,8 +119,12 @@ class _Snapshots:
             return  # (pysyncobj asks again every tick after a failure)
         self._id = id_
         self._started = time.monotonic()
+        owner = self._owner
+        store = owner.broker.store
+        with owner._lock:  # (a peek on another thread reads, and so flushes, the store)
+            self._epoch, marks = store.marks()
         if self._disk is None or self._path is None:
-            self._mem = b"".join(self._blob(data))
+            self._mem = b"".join(self._blob(data, marks))
             self._mem_done = True
             return
         # The entries this snapshot covers then sit in older journal segments only: the
@@ -127,7 +144,9 @@ class _Snapshots:
             code = 1
             try:
                 drop_inherited_locks()
-                blob = self._blob(data)
+                if self._owner.fsync:  # the journal drops what wrote these bytes
+                    sync_marked(store.disk, store.dir, marks)
+                blob = self._blob(data, marks)
                 write_atomic(
                     self._disk, self._path, blob, self._owner.fsync, ".w.tmp", SNAPSHOT_SYNC_EVERY
                 )
@@ -152,6 +171,7 @@ class _Snapshots:
         if self._mem_done:
             self._mem_done = False
             self.rearm()
+            self._written()
             return SERIALIZER_STATE.SUCCESS, self._id
         if not self._pid:
             return SERIALIZER_STATE.NOT_SERIALIZING, None
@@ -161,7 +181,7 @@ class _Snapshots:
         self._pid = 0
         if status == 0:
             self.rearm()
-            self._tx.clear()
+            self._written()
             ms = int((time.monotonic() - self._started) * 1000)
             self._owner.stats["snapshots"] += 1
             self._owner.stats["last_snapshot_ms"] = ms
@@ -180,6 +200,17 @@ class _Snapshots:
         )
         self._retry_at = time.monotonic() + 30
         return SERIALIZER_STATE.FAILED, self._id
+
+    def _written(self) -> None:
+        """A new snapshot is durable: transfers of the older one end (their followers ask
+        again and get this one), and segments retired before it may go."""
+        self.cancel_all()
+        self._owner.broker.store.commit(self._epoch)
+
+    def cancel_all(self) -> None:
+        for tx in self._tx.values():
+            tx.close()
+        self._tx.clear()
 
     def _read(self) -> bytes | None:
         if self._mem is not None:
@@ -233,21 +264,27 @@ class _Snapshots:
         return (None, last_e, prev_e, cluster)
 
     def getTransmissionData(self, key: Any) -> tuple[bytes, bool, bool] | None:
+        """The next part of the snapshot for follower ``key`` (pysyncobj's tick thread, which
+        applies too: the export pins its segments where the marks hold)."""
         if self._pid:
             return None
         tx = self._tx.get(key)
+        first = tx is None
         if tx is None:
             blob = self._read()
             if blob is None:
                 return None
-            tx = (blob, 0)
-        blob, off = tx
-        part = blob[off : off + self._chunk]
-        if part:
-            self._tx[key] = (blob, off + len(part))
-        else:
+            tx = self._tx[key] = _Tx(blob, self._chunk)
+        try:
+            part = tx.next_part(self._owner.broker.store)
+        except StorageError as e:
             self._tx.pop(key, None)
-        return part, off == 0, not part
+            tx.close()
+            self._owner._fail(e)
+            return None
+        if part == _END:
+            self._tx.pop(key, None)
+        return part, first, part == _END
 
     def setTransmissionData(self, data: Any) -> bool:
         if data is None:
@@ -255,9 +292,25 @@ class _Snapshots:
         part, first, last = data
         if first:
             self._rx = bytearray()
-        if self._rx is None:
+            self._abort_import()
+        if self._rx is None or not part:
             return False
-        self._rx += part
+        kind, body = part[:1], part[1:]
+        try:
+            if kind == b"S":
+                self._rx += body
+            elif kind == b"F":
+                if self._importer is None:
+                    store = self._owner.broker.store
+                    self._importer = StoreImporter(
+                        store.disk, store.dir + ".incoming", self._owner.fsync
+                    )
+                self._importer.feed(body)
+        except StorageError as e:
+            log.error("%s; waiting for the leader to resend", e)
+            self._rx = None
+            self._abort_import()
+            return False
         if not last:
             return False
         blob, self._rx = bytes(self._rx), None
@@ -265,11 +318,15 @@ class _Snapshots:
             unseal(blob, "received snapshot")
         except StorageCorrupt as e:
             log.error("%s; waiting for the leader to resend", e)
+            self._abort_import()
             return False
+        importer, self._importer = self._importer, None
         log.info(
-            "raft %s: received a snapshot from the leader (%d bytes); installing it",
+            "raft %s: received a snapshot from the leader (%d bytes, %d store files);"
+            " installing it",
             self._owner.config.node_id,
             len(blob),
+            len(importer.finish()) if importer is not None else 0,
         )
         if self._disk is not None and self._path is not None:
             # Our own writer may still be busy with an older state: stop it, or its rename
@@ -285,8 +342,47 @@ class _Snapshots:
         self.installed = True
         return True
 
+    def _abort_import(self) -> None:
+        importer, self._importer = self._importer, None
+        if importer is not None:
+            importer.abort()
+
     def cancelTransmisstion(self, key: Any) -> None:
-        self._tx.pop(key, None)
+        tx = self._tx.pop(key, None)
+        if tx is not None:
+            tx.close()
+
+
+_END = b"E"
+
+
+class _Tx:
+    """One follower's transfer: the snapshot file in ``S`` parts, then the store files it
+    marks in ``F`` parts (an ``Export``, read from the files a frame at a time), then ``E``."""
+
+    def __init__(self, blob: bytes, chunk: int) -> None:
+        self.blob, self.chunk, self.off = blob, chunk, 0
+        self.export: Export | None = None
+        self.frames: Any = None
+
+    def next_part(self, store: Any) -> bytes:
+        if self.off < len(self.blob):
+            part = self.blob[self.off : self.off + self.chunk]
+            self.off += len(part)
+            return b"S" + part
+        if self.export is None:
+            body = msgpack.unpackb(unseal(self.blob, "snapshot"), raw=False)
+            self.export = store.export(Broker.snapshot_marks(body[4]), self.chunk)
+            self.frames = iter(self.export)
+        frame = next(self.frames, None)
+        if frame is None:
+            self.close()
+            return _END
+        return b"F" + frame
+
+    def close(self) -> None:
+        if self.export is not None:
+            self.export.close()
 
 
 def _bin_header(size: int) -> bytes:
