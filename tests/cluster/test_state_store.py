@@ -288,7 +288,7 @@ def test_a_storage_error_propagates_out_of_apply_and_apply_batch(h: Harness) -> 
     def broken(*args: Any) -> Any:
         raise StorageError("/x/t.0~00000000.seg: write failed: disk full (ENOSPC)")
 
-    h.b.store.append_batch = broken  # type: ignore[method-assign]
+    h.b.store.append_batch = broken
     cmd = {"op": "publish", "topic": "t", "messages": [{"payload": b"x"}]}
     with pytest.raises(StorageError):
         h.b.apply_batch(h.now, [cmd])

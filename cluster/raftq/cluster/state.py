@@ -839,10 +839,9 @@ class Broker:
             self._keyed = True
         if n:  # one store append per command: the records of the whole batch
             locs, lengths = self.store.append_batch(t.key, first, now, staged)
-        index_append = t.index.append
+            t.index.extend(locs, lengths, [len(p) for p, _ in staged], now, ngroups)
         for j, (key, delay_ms, okey) in enumerate(extra):
             seq = first + j
-            index_append(locs[j], lengths[j], len(staged[j][0]), now, ngroups)
             if okey is not None:
                 t.okeys[seq] = okey
             if key is not None and window:
