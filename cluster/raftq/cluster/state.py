@@ -18,9 +18,22 @@ Per group, a message is in exactly one state:
   its inflight entry while in flight, else in ``first`` (a failed one waiting to go again);
 - *settled*: everything else (acked, dead-lettered, dropped, or not addressed to this group).
 
-A topic keeps its retained messages in a list indexed by ``seq - first_seq`` plus a parallel list
-``refs`` of how many groups have yet to settle each one, counting a group only from its ``pin``
-on (its creation point). A group created with ``start=earliest`` instead *pins* the older
+Payloads and headers live in the ``store`` (``segstore.SegmentStore``; without one given, an
+in-memory one over ``memdisk.MemDisk``), one stream per topic incarnation (``Topic.key``,
+``f"{name}.{n}"`` with ``n`` from ``next_stream``, never reused). Appends, frees, clears and
+compactions happen inside apply, so every replica writes the same bytes at the same offsets. In
+memory a topic keeps only ``Topic.index`` (``msgindex.MsgIndex``: packed columns by seq of the
+record's location and length, payload size, publish time and ``refs``, how many groups have
+yet to settle it, counting a group only from its ``pin`` on, its creation point) and
+``Topic.okeys`` (the ordering keys of retained messages that have one). A publish is one
+``append_batch``; every removal frees its record; dead-lettering and redrive read the source
+record and append to the target stream. Receive results name what to read: ``apply_batch(...,
+read=True)`` fills in payloads and headers once the whole batch is applied (the leader);
+``read=False`` leaves them out (followers). A ``StorageError`` propagates out of apply: the
+node stops (a rejection would make replicas diverge). ``compact`` commands (proposed from
+``compaction_candidates()``) move the live records of mostly-dead segments.
+
+A group created with ``start=earliest`` instead *pins* the older
 messages (``Topic.pinned``): creating it costs O(1), and a message leaves when its refs reach zero
 and no pinning group still needs it, or through retention, overflow, purge or redrive. Deadlines
 and delays sit in two global heaps with lazy deletion, so expiry costs O(expired * log n) and no
