@@ -304,3 +304,16 @@ def test_use_store_only_swaps_the_store_of_an_empty_broker(h: Harness) -> None:
     s = small_store()
     b.use_store(s)
     assert b.store is s
+
+
+def test_an_in_memory_store_lets_go_of_retired_segments_at_once() -> None:
+    disk = MemDisk()
+    b = Broker(small_store(disk))
+    b.apply({"op": "create_topic", "topic": "t", "now": T0})
+    recv = {"op": "receive", "topic": "t", "group": "default", "consumer": "c", "max": 100}
+    for i in range(30):
+        msgs = [{"payload": b"%d" % i * 50} for _ in range(100)]
+        b.apply({"op": "publish", "topic": "t", "messages": msgs, "now": T0})
+        res = b.apply({**recv, "now": T0, "token": b"k" * 16})
+        b.apply({"op": "ack", "receipts": [d["receipt"] for d in res["deliveries"]], "now": T0})
+    assert disk.nbytes() < 3 * SEG  # (30 x 100 x ~140 B went through it)

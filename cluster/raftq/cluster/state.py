@@ -106,6 +106,9 @@ EXPIRY_SLACK = 1024  # the same for the per-topic expiry heaps (_Expiry)
 
 MAX_COMPACTIONS = 4  # compact commands compaction_candidates() proposes at once
 MEM_STORE_DIR = "/raftq-mem/store"  # the directory name of a Broker's in-memory store
+# An in-memory store has nothing durable to wait for: its retired segments go once the batch
+# that retired them is read (``commit`` of every epoch there will ever be).
+MEM_COMMIT = 1 << 62
 # At most this many fresh messages an ordered group's receive sets aside because their key is
 # held (see ``Broker._take_ordered``): bounds the work of one receive behind a hot key.
 MAX_BLOCKED_PER_RECEIVE = 10_000
@@ -425,6 +428,7 @@ class Broker:
 
     def __init__(self, store: SegmentStore | None = None) -> None:
         self.store = store if store is not None else mem_store()
+        self._in_memory = isinstance(self.store.disk, MemDisk)
         self.next_stream = 0  # topic incarnations created so far: the n of their stream keys
         # Receive results waiting for their payloads: (delivery, stream, seq, loc, length),
         # read once the whole batch is applied (``_read``).
@@ -458,6 +462,7 @@ class Broker:
         if self.topics or self.next_stream:
             raise RuntimeError("use_store() on a Broker that holds topics")
         self.store = store
+        self._in_memory = isinstance(store.disk, MemDisk)
 
     def apply(self, command: Mapping[str, Any]) -> dict[str, Any]:
         """Apply one command (a map with ``op`` and ``now``); raise BrokerError on rejection.
@@ -510,6 +515,8 @@ class Broker:
                 payload, hdrs = store_read(key, seq, loc, length)
                 d["payload"] = payload
                 d["headers"] = hdrs or {}
+        if self._in_memory:
+            self.store.commit(MEM_COMMIT)
 
     def _dispatch(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
         op = cmd.get("op")
