@@ -8,6 +8,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import msgpack
+
+from raftq.cluster.msgindex import GONE
 from raftq.cluster.state import Broker, _age_due
 
 T0 = 1_700_000_000_000  # ms
@@ -70,13 +73,21 @@ def check_invariants(b: Broker) -> None:
     consumers: dict[str, set[tuple[str, str]]] = {}
     # the node-wide retained-bytes total (the max_retained_bytes limit) is the topics' sum
     assert b._retained[0] == sum(t.bytes for t in b.topics.values())
+    keys = {t.key for t in b.topics.values()}
+    assert len(keys) == len(b.topics), "a stream key per topic"
+    # the store holds exactly the retained messages' records, no other stream has live ones
+    live_bytes = 0
     for t in b.topics.values():
-        msgs, refs, base = t.msgs, t.refs, t.first_seq
-        assert len(msgs) == len(refs) and base + len(msgs) == t.next_seq, t.name
-        assert all(m is None for m in msgs[: t.head])
-        assert t.head == len(msgs) or msgs[t.head] is not None
-        live = [m for m in msgs if m is not None]
-        assert t.count == len(live) and t.bytes == sum(len(m[0]) for m in live)
+        ix = t.index
+        assert ix.next_seq == t.next_seq, t.name
+        refs, base, h = ix.refs, ix.first_seq, ix.head
+        assert all(r == GONE for r in refs[:h])
+        assert h == len(refs) or refs[h] != GONE
+        live = [i for i in range(len(refs)) if refs[i] != GONE]
+        assert t.count == len(live) and t.bytes == sum(ix.size[i] for i in live)
+        assert set(t.okeys) <= {base + i for i in live}, t.name
+        assert sum(s[2] for s in b.store.stats(t.key)) == len(live), t.name
+        live_bytes += sum(ix.length[i] for i in live)
         held = [k for exp, _, keys in t.dedup_heap for k in keys if exp > b.now]
         assert sorted(held) == sorted(t.dedup), "each key held is in exactly one live entry"
         # what expires next is in the expiry indexes, no later than it is due
@@ -89,23 +100,23 @@ def check_invariants(b: Broker) -> None:
         def unsettled(g: Any, seq: int, t: Any = t) -> bool:
             fresh = seq >= g.cursor and seq not in g.skip
             # below its pin (start=earliest), a gap is not fresh for the group
-            return seq in g.held or (fresh and (seq >= g.pin or t.get(seq) is not None))
+            return seq in g.held or (fresh and (seq >= g.pin or t.has(seq)))
 
-        for i, m in enumerate(msgs):
+        for i, r in enumerate(refs):
             seq = base + i
             holders = [g for g in t.groups.values() if unsettled(g, seq)]
-            if m is None:
+            if r == GONE:
                 assert not holders, (t.name, seq)
             else:
                 counted = sum(seq >= g.pin for g in holders)
-                assert refs[i] == counted, (t.name, seq, refs[i], counted)
+                assert r == counted, (t.name, seq, r, counted)
                 # a holder not counted in refs must be known as pinning
                 assert all(g in t.pinned for g in holders if seq < g.pin), (t.name, seq)
         for g in t.groups.values():
             fresh = [s for s in range(g.cursor, t.next_seq) if s not in g.held and unsettled(g, s)]
             assert g.fresh == len(fresh), (t.name, g.name, g.fresh, len(fresh))
             assert all(g.cursor <= s < t.next_seq for s in g.skip), (t.name, g.name)
-            for s in range(g.cursor, base + t.head):
+            for s in range(g.cursor, base + h):
                 # (below a start=earliest group's pin, a message may leave before it moves)
                 assert s in g.skip or s in g.held or s < g.pin, (t.name, g.name, s)
             assert set(g.inflight) <= set(g.held) and set(g.delayed) <= set(g.held)
@@ -122,17 +133,15 @@ def check_invariants(b: Broker) -> None:
                 # ones, exactly the first of each key is queued
                 kq: dict[str, list[int]] = {}
                 for s in sorted(g.held):
-                    m = t.get(s)
-                    if m is not None and len(m) > 3:
-                        kq.setdefault(m[3], []).append(s)
+                    if s in t.okeys:
+                        kq.setdefault(t.okeys[s], []).append(s)
                 assert g.kq == kq, (t.name, g.name, g.kq, kq)
                 heads = {q[0] for q in kq.values()}
                 for s in ready:
-                    m = t.get(s)
-                    keyed = m is not None and len(m) > 3
+                    keyed = s in t.okeys
                     assert (s in queued) == (not keyed or s in heads), (t.name, g.name, s)
             for s in g.held:
-                assert t.get(s) is not None and (s < g.cursor or s in g.skip)
+                assert t.has(s) and (s < g.cursor or s in g.skip)
             for s, (consumer, _, deadline, _) in g.inflight.items():
                 assert s in g.by_consumer[consumer]
                 assert (deadline, t.name, g.name, s) in deadlines
@@ -141,9 +150,95 @@ def check_invariants(b: Broker) -> None:
             for consumer, seqs in g.by_consumer.items():
                 assert seqs and all(g.inflight[s][0] == consumer for s in seqs)
                 consumers.setdefault(consumer, set()).add((t.name, g.name))
+    assert b.store.retained_bytes()[0] == live_bytes
     assert {c: set(p) for c, p in b._consumers.items()} == consumers
     assert set(b._aging.at) <= set(b.topics) and set(b._dedup_expiry.at) <= set(b.topics)
     for index in (b._aging, b._dedup_expiry):
         assert all((due, name) in index.heap for name, due in index.at.items())
     assert b._token_names == {r["name"]: tid for tid, r in b._tokens.items()}
     assert all(r["id"] == tid for tid, r in b._tokens.items())
+
+
+def twin(b: Broker) -> Broker:
+    """A fresh broker (its own in-memory store) restored from ``b``'s snapshot."""
+    other = Broker()
+    other.restore(b.snapshot())
+    return other
+
+
+def legacy_snapshot(b: Broker, version: int) -> bytes:
+    """``b``'s state in the layout of snapshot ``version`` (3-6): messages with their
+    payloads, as nodes before the segment store wrote them."""
+    obj = msgpack.unpackb(b.snapshot(), raw=False, strict_map_key=False)
+    _, now, applied, topics, tokens, keyed, settings = obj[:7]
+    rows = []
+    for (
+        name,
+        config,
+        created_at,
+        next_seq,
+        key,
+        dump,
+        okeys,
+        _,
+        _,
+        dedup,
+        tc,
+        groups,
+        delays,
+    ) in topics:
+        t = b.topics[name]
+        ok = dict(okeys)
+        msgs: list[Any] = []
+        refs: list[int] = []
+        for seq in range(dump[0], next_seq):
+            got = t.index.get(seq)
+            if got is None:
+                msgs.append(None)
+                refs.append(0)
+                continue
+            payload, hdrs = b.store.read(key, seq, got[0], got[1])
+            m = [payload, got[3], hdrs or None]
+            if seq in ok:
+                m.append(ok[seq])
+            msgs.append(m)
+            refs.append(t.index.ref(seq))
+        if version < 5:
+            groups = [g[:11] for g in groups]
+        rows.append(
+            [name, config, created_at, next_seq, dump[0], msgs, refs, dedup, tc, groups, delays]
+        )
+    head: list[Any] = [version, now, applied, rows]
+    if version >= 4:
+        head.append(tokens)
+    if version >= 5:
+        head.append(keyed)
+    if version >= 6:
+        head.append(settings)
+    return msgpack.packb(head, use_bin_type=True)
+
+
+def state_of(b: Broker) -> list[Any]:
+    """``b``'s snapshot without the store's marks and segments, plus every retained message
+    read from the store: what nodes share whatever their store layout (a node that converted
+    an old snapshot appended its messages differently)."""
+    obj = msgpack.unpackb(b.snapshot(), raw=False, strict_map_key=False)
+    return [*obj[:7], obj[8], messages(b)]
+
+
+def messages(b: Broker) -> dict[str, list[Any]]:
+    """Every retained message of every topic, read from the store (the peek view)."""
+    out = {}
+    for name, t in b.topics.items():
+        out[name] = _all(b, name, t)
+    return out
+
+
+def _all(b: Broker, name: str, t: Any) -> list[Any]:
+    got = []
+    seq = t.oldest_seq()
+    while seq < t.next_seq:
+        page = b.peek(name, seq, 1000)
+        got += page
+        seq += 1000
+    return got

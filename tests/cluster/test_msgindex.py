@@ -130,3 +130,12 @@ def test_the_digest_table_agrees_with_a_dict_through_inserts_deletes_and_resizes
     while model:  # shrinks as it empties
         assert t.pop(model.popitem()[0]) is not None
     assert len(t) == 0 and t.cap == 16
+
+
+def test_extend_is_the_appends_of_one_publish() -> None:
+    a, b = MsgIndex(5), MsgIndex(5)
+    for loc, n, size in ((10, 40, 4), (50, 41, 5), (91, 38, 2)):
+        a.append(loc, n, size, 777, 2)
+    b.extend([10, 50, 91], [40, 41, 38], [4, 5, 2], 777, 2)
+    assert [a.get(s) for s in range(5, 8)] == [b.get(s) for s in range(5, 8)]
+    assert a.refs == b.refs and b.next_seq == 8

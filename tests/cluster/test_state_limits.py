@@ -6,7 +6,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from state_harness import Harness  # type: ignore[import-not-found]
+from state_harness import Harness, legacy_snapshot  # type: ignore[import-not-found]
 
 from raftq.cluster import errors as E
 from raftq.cluster.state import Broker
@@ -131,13 +131,12 @@ def test_bad_settings_are_invalid_argument_and_change_nothing(
     assert h.b.settings == {"max_retained_bytes": 100}
 
 
-def test_the_setting_survives_a_snapshot_written_as_v6_only_while_set(h: Harness) -> None:
+def test_the_setting_survives_a_snapshot(h: Harness) -> None:
     h.topic("t")
     h.publish("t", b"abc")
-    assert msgpack.unpackb(h.b.snapshot())[0] == 3  # (older nodes can still install it)
     limit(h, 5)
     snap = h.b.snapshot()
-    assert msgpack.unpackb(snap)[0] == 6
+    assert msgpack.unpackb(snap)[6] == {"max_retained_bytes": 5}
     copy = Broker()
     copy.restore(snap)
     assert copy.snapshot() == snap
@@ -145,4 +144,13 @@ def test_the_setting_survives_a_snapshot_written_as_v6_only_while_set(h: Harness
     with pytest.raises(E.StorageFull):
         copy.apply({"op": "publish", "now": h.now, "topic": "t", "messages": [{"payload": b"xyz"}]})
     limit(h, None)
-    assert msgpack.unpackb(h.b.snapshot())[0] == 3
+    assert msgpack.unpackb(h.b.snapshot())[6] == {}
+
+
+def test_a_v6_snapshot_with_the_setting_restores(h: Harness) -> None:
+    h.topic("t")
+    h.publish("t", b"abc")
+    limit(h, 5)
+    copy = Broker()
+    copy.restore(legacy_snapshot(h.b, 6))
+    assert copy.storage() == {"settings": {"max_retained_bytes": 5}, "retained_bytes": 3}

@@ -7,7 +7,11 @@ from typing import Any
 
 import msgpack
 import pytest
-from state_harness import Harness, check_invariants  # type: ignore[import-not-found]
+from state_harness import (  # type: ignore[import-not-found]
+    Harness,
+    check_invariants,
+    legacy_snapshot,
+)
 
 from raftq.cluster import errors as E
 from raftq.cluster import state
@@ -259,25 +263,13 @@ def _version(b: Broker) -> int:
     return v
 
 
-def test_the_snapshot_stays_v3_until_a_new_feature_is_in_the_state(h: Harness) -> None:
+def test_the_snapshot_is_v7_whatever_the_state_holds(h: Harness) -> None:
     h.topic("t")
-    h.publish("t", b"x")
-    assert _version(h.b) == 3
-    (d,) = h.receive()  # a first-receive time is held
-    assert _version(h.b) == 5
-    ack(h, d)
-    assert _version(h.b) == 3
-    h("update_topic", topic="t", config={"labels": {"a": "b"}})
-    assert _version(h.b) == 5
-    h("update_topic", topic="t", config={"labels": {}})
-    h("create_group", topic="t", group="o", config={"ordered": True})
-    assert _version(h.b) == 5
-    h("delete_group", topic="t", group="o")
-    assert _version(h.b) == 3
+    assert _version(h.b) == 7
     h.publish("t", b"y", ordering_key="k")
     h.advance(1)
     h("purge", topic="t")
-    assert _version(h.b) == 5  # keys were used: v5 for good, older nodes cannot honour them
+    assert _version(h.b) == 7 and msgpack.unpackb(h.b.snapshot())[5] is True  # keys were used
 
 
 def test_an_ordered_group_carries_on_identically_after_a_restore(h: Harness) -> None:
@@ -298,7 +290,7 @@ def test_an_ordered_group_carries_on_identically_after_a_restore(h: Harness) -> 
 
 
 def _as_v4(snap: bytes) -> bytes:
-    """A v5 snapshot in the layout of v4 (what a node of the previous version writes)."""
+    """A v5 snapshot in the layout of v4 (what a node of an older version writes)."""
     obj = msgpack.unpackb(snap, strict_map_key=False)
     assert obj[0] == 5 and not obj[5], "no ordering key used"
     for row in obj[3]:
@@ -322,7 +314,7 @@ def test_a_snapshot_of_the_previous_version_restores_with_first_receive_times(
     snap_now = h.now
     h.advance(1)
     old = Broker()
-    old.restore(_as_v4(h.b.snapshot()))
+    old.restore(_as_v4(legacy_snapshot(h.b, 5)))
     check_invariants(old)
     cmd = {"op": "receive", "topic": "t", "group": "default", "consumer": "c2", "max": 10}
     [d] = old.apply({**cmd, "now": h.now, "token": b"k" * 16})["deliveries"]

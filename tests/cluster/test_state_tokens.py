@@ -8,7 +8,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from state_harness import T0, Harness  # type: ignore[import-not-found]
+from state_harness import T0, Harness, legacy_snapshot  # type: ignore[import-not-found]
 
 from raftq.cluster import errors as E
 from raftq.cluster.state import Broker
@@ -316,14 +316,14 @@ def test_token_errors_are_a_conflict_and_a_not_found() -> None:
 # ---------------------------------------------------------------- snapshots
 
 
-def test_a_snapshot_with_tokens_is_version_4_and_an_exact_round_trip(h: Harness) -> None:
+def test_a_snapshot_with_tokens_is_an_exact_round_trip(h: Harness) -> None:
     h.topic("t")
     h.publish("t", b"x")
     create(h, tid="b", name="one", cluster=True, expires_at=T0 + 9)
     create(h, tid="a", name="two")
     h("token_update", id="b", disabled=True)
     snap = h.b.snapshot()
-    assert msgpack.unpackb(snap)[0] == 4
+    assert msgpack.unpackb(snap)[0] == 7
     other = Broker()
     other.restore(snap)
     assert other.snapshot() == snap
@@ -332,13 +332,13 @@ def test_a_snapshot_with_tokens_is_version_4_and_an_exact_round_trip(h: Harness)
     assert other.token("b") == h.b.token("b")
 
 
-def test_v4_lists_tokens_after_the_v3_fields_sorted_by_id(h: Harness) -> None:
+def test_tokens_follow_the_topics_sorted_by_id(h: Harness) -> None:
     h.topic("t")
     before = msgpack.unpackb(h.b.snapshot())
     create(h, tid="b", name="one")
     create(h, tid="a", name="two", expires_at=5)
-    version, now, applied, topics, tokens = msgpack.unpackb(h.b.snapshot())
-    assert version == 4
+    version, now, applied, topics, tokens = msgpack.unpackb(h.b.snapshot())[:5]
+    assert version == 7
     assert [now, topics] == [before[1], before[3]] and applied == before[2] + 2
     assert tokens == [
         ["a", "two", HASH, [["orders.*", ["consume", "publish"]]], False, 5, False, T0],
@@ -363,19 +363,19 @@ def test_a_restored_broker_goes_on_handling_tokens_the_same(h: Harness) -> None:
     assert other.snapshot() == h.b.snapshot()
 
 
-def test_a_snapshot_without_tokens_is_still_version_3(h: Harness) -> None:
+def test_a_v3_snapshot_without_tokens_restores(h: Harness) -> None:
     h.topic("t")
     h.publish("t", b"x")
-    assert msgpack.unpackb(h.b.snapshot())[0] == 3
-    assert len(msgpack.unpackb(h.b.snapshot())) == 4
+    other = Broker()
+    other.restore(legacy_snapshot(h.b, 3))
+    assert other.peek("t") == h.b.peek("t")
 
 
-def test_revoking_the_last_token_writes_version_3_again(h: Harness) -> None:
+def test_revoking_the_last_token_leaves_none_in_the_snapshot(h: Harness) -> None:
     h.topic("t")
     create(h)
     h("token_revoke", id="tok1")
-    version, *rest = msgpack.unpackb(h.b.snapshot())
-    assert version == 3 and len(rest) == 3
+    assert msgpack.unpackb(h.b.snapshot())[4] == []
     other = Broker()
     other.restore(h.b.snapshot())
     assert other.snapshot() == h.b.snapshot()
@@ -405,7 +405,7 @@ def test_restore_of_a_v4_snapshot_with_bad_tokens_is_value_error(
 ) -> None:
     create(h)
     before = h.b.snapshot()
-    _, now, applied, topics, _ = msgpack.unpackb(before)
+    _, now, applied, topics, _ = msgpack.unpackb(legacy_snapshot(h.b, 4))
     with pytest.raises(ValueError, match="snapshot"):
         h.b.restore(msgpack.packb([4, now, applied, topics, tokens], use_bin_type=True))
     assert h.b.snapshot() == before
@@ -413,6 +413,6 @@ def test_restore_of_a_v4_snapshot_with_bad_tokens_is_value_error(
 
 def test_a_version_3_snapshot_must_not_carry_tokens(h: Harness) -> None:
     create(h)
-    _, now, applied, topics, tokens = msgpack.unpackb(h.b.snapshot())
+    _, now, applied, topics, tokens = msgpack.unpackb(legacy_snapshot(h.b, 4))
     with pytest.raises(ValueError, match="snapshot"):
         Broker().restore(msgpack.packb([3, now, applied, topics, tokens], use_bin_type=True))

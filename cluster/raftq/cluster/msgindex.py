@@ -92,6 +92,18 @@ class MsgIndex:
         self.refs.append(refs)
         return seq
 
+    def extend(
+        self, locs: list[int], lengths: list[int], sizes: list[int], at: int, refs: int
+    ) -> None:
+        """Add the next ``len(locs)`` messages, all published at ``at`` with ``refs`` (a
+        publish command: one C-level extend per column instead of an append per message)."""
+        n = len(locs)
+        self.loc.extend(locs)
+        self.length.extend(lengths)
+        self.size.extend(sizes)
+        self.at.extend(array("q", [at]) * n)
+        self.refs.extend(array("i", [refs]) * n)
+
     def set_ref(self, seq: int, refs: int) -> None:
         self.refs[seq - self.first_seq] = refs
 

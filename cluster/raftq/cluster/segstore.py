@@ -266,7 +266,11 @@ class SegmentStore:
         self._pins: dict[str, int] = {}
         self._epoch = 0  # marks() taken so far
         self._committed = 0  # the newest epoch whose snapshot is durable
-        os.makedirs(directory, exist_ok=True)
+        makedirs = getattr(disk, "makedirs", None)  # (an in-memory disk: memdisk.MemDisk)
+        if makedirs is not None:
+            makedirs(directory)
+        else:
+            os.makedirs(directory, exist_ok=True)
 
     # ------------------------------------------------------------ appending and reading
 

@@ -18,9 +18,22 @@ Per group, a message is in exactly one state:
   its inflight entry while in flight, else in ``first`` (a failed one waiting to go again);
 - *settled*: everything else (acked, dead-lettered, dropped, or not addressed to this group).
 
-A topic keeps its retained messages in a list indexed by ``seq - first_seq`` plus a parallel list
-``refs`` of how many groups have yet to settle each one, counting a group only from its ``pin``
-on (its creation point). A group created with ``start=earliest`` instead *pins* the older
+Payloads and headers live in the ``store`` (``segstore.SegmentStore``; without one given, an
+in-memory one over ``memdisk.MemDisk``), one stream per topic incarnation (``Topic.key``,
+``f"{name}.{n}"`` with ``n`` from ``next_stream``, never reused). Appends, frees, clears and
+compactions happen inside apply, so every replica writes the same bytes at the same offsets. In
+memory a topic keeps only ``Topic.index`` (``msgindex.MsgIndex``: packed columns by seq of the
+record's location and length, payload size, publish time and ``refs``, how many groups have
+yet to settle it, counting a group only from its ``pin`` on, its creation point) and
+``Topic.okeys`` (the ordering keys of retained messages that have one). A publish is one
+``append_batch``; every removal frees its record; dead-lettering and redrive read the source
+record and append to the target stream. Receive results name what to read: ``apply_batch(...,
+read=True)`` fills in payloads and headers once the whole batch is applied (the leader);
+``read=False`` leaves them out (followers). A ``StorageError`` propagates out of apply: the
+node stops (a rejection would make replicas diverge). ``compact`` commands (proposed from
+``compaction_candidates()``) move the live records of mostly-dead segments.
+
+A group created with ``start=earliest`` instead *pins* the older
 messages (``Topic.pinned``): creating it costs O(1), and a message leaves when its refs reach zero
 and no pinning group still needs it, or through retention, overflow, purge or redrive. Deadlines
 and delays sit in two global heaps with lazy deletion, so expiry costs O(expired * log n) and no
@@ -37,6 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import os
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -61,14 +75,20 @@ from raftq.cluster.errors import (
     TopicNotFound,
 )
 from raftq.cluster.grants import check_grants, check_patterns, matches
+from raftq.cluster.memdisk import MemDisk
+from raftq.cluster.msgindex import GONE, MsgIndex
+from raftq.cluster.segstore import Marks, SegmentStore, files_of
+from raftq.cluster.storage import StorageError
 
 # 2: topics carry their running publish delays; 3: dedup keys per publish; 4: API tokens,
 # written only when there is one (else 3, which nodes without tokens can still install);
 # 5: ordering keys, ordered groups, topic labels and first-receive times, written only when one
 # of them is in the state (else 3 or 4); 6: cluster settings (max_retained_bytes), written only
-# while one is set (else 3, 4 or 5).
-SNAPSHOT_VERSION = 6
-READABLE_SNAPSHOTS = (2, 3, 4, 5, 6)
+# while one is set (else 3, 4 or 5); 7: payloads in the segment store (issue 22): per topic its
+# stream key, index dump, ordering keys, count and bytes instead of the messages, plus the
+# store's marks and ``next_stream``; always written (v2-v6 are read and converted).
+SNAPSHOT_VERSION = 7
+READABLE_SNAPSHOTS = (2, 3, 4, 5, 6, 7)
 DEFAULT_GROUP = v.DEFAULT_GROUP
 DLQ_PREFIX = "x-raftq-dlq-"
 REDRIVE_HEADER = "x-raftq-redrives"
@@ -84,17 +104,21 @@ TOKEN_REVOKE_FIELDS = frozenset(["op", "now", "id"])
 COMPACT_SLACK = 4096  # stale deadline entries tolerated beyond twice the live ones
 EXPIRY_SLACK = 1024  # the same for the per-topic expiry heaps (_Expiry)
 
-# A retained message: (payload, published_at_ms, headers or None), plus its ordering key as a
-# fourth item when it has one (so that messages without one cost what they always did).
-Msg = tuple[Any, ...]
+MAX_COMPACTIONS = 4  # compact commands compaction_candidates() proposes at once
+MEM_STORE_DIR = "/raftq-mem/store"  # the directory name of a Broker's in-memory store
+# An in-memory store has nothing durable to wait for: its retired segments go once the batch
+# that retired them is read (``commit`` of every epoch there will ever be).
+MEM_COMMIT = 1 << 62
 # At most this many fresh messages an ordered group's receive sets aside because their key is
 # held (see ``Broker._take_ordered``): bounds the work of one receive behind a hot key.
 MAX_BLOCKED_PER_RECEIVE = 10_000
 
 
-def _okey(m: Msg | None) -> str | None:
-    """A retained message's ordering key, if it has one."""
-    return m[3] if m is not None and len(m) > 3 else None
+def mem_store() -> SegmentStore:
+    """A ready store over a new ``MemDisk`` (a Broker without a data directory)."""
+    store = SegmentStore(MemDisk(), MEM_STORE_DIR)
+    store.truncate_to([])
+    return store
 
 
 class Group:
@@ -167,32 +191,32 @@ class Topic:
         "created_at",
         "dedup",
         "dedup_heap",
-        "first_seq",
         "groups",
-        "head",
-        "msgs",
+        "index",
+        "key",
         "name",
         "next_seq",
+        "okeys",
         "pinned",
         "publish_delays",
-        "refs",
     )
 
     def __init__(
-        self, name: str, config: dict[str, Any], created_at: int, total: list[int]
+        self, name: str, config: dict[str, Any], created_at: int, total: list[int], key: str
     ) -> None:
         self.name = name
+        self.key = key  # its stream in the store: f"{name}.{n}", never reused
         self.config = config
         self.created_at = created_at
         # ``bytes`` (payload bytes retained) is a property that keeps ``total[0]``, the sum over
         # every topic of the Broker (its retained-bytes limit), in step wherever it changes.
         self._total = total
         self._bytes = 0
-        self.next_seq = 1
-        self.msgs: list[Msg | None] = []
-        self.refs: list[int] = []
-        self.first_seq = 1  # seq of msgs[0]
-        self.head = 0  # msgs[:head] are gone
+        self.next_seq = 1  # (== index.next_seq, kept as a plain attribute: read everywhere)
+        # Per retained message: its record in the store, sizes, publish time and refs (how
+        # many groups have yet to settle it; msgindex.GONE once it left).
+        self.index = MsgIndex(1)
+        self.okeys: dict[int, str] = {}  # seq -> ordering key, for retained ones with a key
         self.count = 0
         self.groups: dict[str, Group] = {}
         # Idempotency keys seen within the dedup window: key -> seq. They expire per publish
@@ -215,30 +239,22 @@ class Topic:
         self._total[0] += value - self._bytes
         self._bytes = value
 
-    def get(self, seq: int) -> Msg | None:
-        i = seq - self.first_seq
-        if i < self.head or i >= len(self.msgs):
-            return None
-        return self.msgs[i]
+    def has(self, seq: int) -> bool:
+        """Is message ``seq`` retained?"""
+        return self.index.retained(seq)
+
+    def published_at(self, seq: int) -> int | None:
+        got = self.index.get(seq)
+        return None if got is None else got[3]
 
     def oldest_seq(self) -> int:
-        return self.first_seq + self.head
+        return self.index.oldest_seq()
 
-    def trim(self) -> None:
-        """Drop the gone prefix; compact the lists once it is at least half of them."""
-        msgs, h = self.msgs, self.head
-        n = len(msgs)
-        while h < n and msgs[h] is None:
-            h += 1
-        self.head = h
+    def trimmed(self) -> None:
+        """The gone prefix may have moved (the index trims itself): unpin groups below it."""
         if self.pinned:
-            oldest = self.first_seq + h
+            oldest = self.index.oldest_seq()
             self.pinned = [g for g in self.pinned if g.pin > oldest]
-        if h > 1024 and h * 2 > n:
-            del msgs[:h]
-            del self.refs[:h]
-            self.first_seq += h
-            self.head = 0
 
 
 def _group(topic: Topic, name: Any) -> Group:
@@ -371,8 +387,8 @@ def _age_due(t: Topic) -> int | None:
     max_age = t.config["max_age"]
     if max_age is None or not t.count:
         return None
-    m = t.get(t.oldest_seq())
-    return None if m is None else m[1] + round(max_age * 1000)
+    at = t.published_at(t.oldest_seq())
+    return None if at is None else at + round(max_age * 1000)
 
 
 def _now(now: Any) -> int:
@@ -405,9 +421,18 @@ def _dedup_rows(t: Topic) -> list[list[Any]]:
 
 
 class Broker:
-    """The replicated state. See the module docstring for the model."""
+    """The replicated state. See the module docstring for the model.
 
-    def __init__(self) -> None:
+    ``store`` holds the payloads; without one, a new in-memory store (``memdisk``). A store
+    given is the binding's: it calls ``truncate_to`` before the first apply."""
+
+    def __init__(self, store: SegmentStore | None = None) -> None:
+        self.store = store if store is not None else mem_store()
+        self._in_memory = isinstance(self.store.disk, MemDisk)
+        self.next_stream = 0  # topic incarnations created so far: the n of their stream keys
+        # Receive results waiting for their payloads: (delivery, stream, seq, loc, length),
+        # read once the whole batch is applied (``_read``).
+        self._reads: list[tuple[dict[str, Any], str, int, int, int]] = []
         self.now = 0
         self.topics: dict[str, Topic] = {}
         # (deadline, topic, group, seqs) and (due, topic, group, seqs); one entry per receive
@@ -432,16 +457,37 @@ class Broker:
 
     # ------------------------------------------------------------------ entry points
 
+    def use_store(self, store: SegmentStore) -> None:
+        """Swap the store of an empty Broker (the binding's, before it restores)."""
+        if self.topics or self.next_stream:
+            raise RuntimeError("use_store() on a Broker that holds topics")
+        self.store = store
+        self._in_memory = isinstance(store.disk, MemDisk)
+
     def apply(self, command: Mapping[str, Any]) -> dict[str, Any]:
-        """Apply one command (a map with ``op`` and ``now``); raise BrokerError on rejection."""
+        """Apply one command (a map with ``op`` and ``now``); raise BrokerError on rejection.
+        A receive's payloads are read before it returns."""
         if not isinstance(command, Mapping):
             raise InvalidArgument("command must be a map", field="command")
+        self._reads.clear()
         self._advance(_now(command.get("now")))
-        return self._dispatch(command)
+        try:
+            result = self._dispatch(command)
+        except BaseException:
+            self._reads.clear()
+            raise
+        self._read(True)
+        return result
 
-    def apply_batch(self, now: int, commands: Iterable[Any]) -> list[dict[str, Any]]:
+    def apply_batch(
+        self, now: int, commands: Iterable[Any], read: bool = True
+    ) -> list[dict[str, Any]]:
         """Apply a group-committed batch sharing one ``now``; errors become ``{"error": ...}``.
-        Raises InvalidArgument (and applies nothing) when ``now`` is not a time."""
+        Raises InvalidArgument (and applies nothing) when ``now`` is not a time. With
+        ``read``, receive results get their payloads and headers from the store once the
+        whole batch is applied (the leader); without, they carry none (a follower).
+        A StorageError propagates: the node must stop (a rejection would diverge)."""
+        self._reads.clear()
         self._advance(_now(now))
         out: list[dict[str, Any]] = []
         for cmd in commands:
@@ -451,9 +497,26 @@ class Broker:
                 out.append(self._dispatch(cmd))
             except BrokerError as e:
                 out.append({"error": e.to_wire()})
+            except StorageError:
+                self._reads.clear()
+                raise
             except Exception as e:  # a bug must not take every replica down with it
                 out.append({"error": {"code": "internal", "message": repr(e), "details": {}}})
+        self._read(read)
         return out
+
+    def _read(self, read: bool) -> None:
+        """Fill in the payloads of this batch's deliveries (records freed or moved by a
+        later command of the batch stay readable until the next snapshot commits)."""
+        reads, self._reads = self._reads, []
+        if read:
+            store_read = self.store.read
+            for d, key, seq, loc, length in reads:
+                payload, hdrs = store_read(key, seq, loc, length)
+                d["payload"] = payload
+                d["headers"] = hdrs or {}
+        if self._in_memory:
+            self.store.commit(MEM_COMMIT)
 
     def _dispatch(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
         op = cmd.get("op")
@@ -539,8 +602,8 @@ class Broker:
             limit = now - round(max_age * 1000)
             while t.count:
                 seq = t.oldest_seq()
-                m = t.get(seq)
-                if m is None or m[1] > limit:
+                at = t.published_at(seq)
+                if at is None or at > limit:
                     break
                 t.counters["expired"] += 1
                 self._remove(t, seq)
@@ -589,17 +652,21 @@ class Broker:
                 return {"topic": name, "created": False}
             raise TopicExists(f"topic {name!r} already exists", topic=name)
         config, groups = v.topic_spec(name, cmd)
-        t = Topic(name, config, self.now, self._retained)
-        self.topics[name] = t
+        t = self._new_topic(name, config)
         for gname, gcfg in groups:
             t.groups[gname] = Group(gname, gcfg, t.next_seq)
         return {"topic": name, "created": True}
 
+    def _new_topic(self, name: str, config: dict[str, Any]) -> Topic:
+        t = Topic(name, config, self.now, self._retained, f"{name}.{self.next_stream}")
+        self.next_stream += 1
+        self.topics[name] = t
+        return t
+
     def _ensure_dlq(self, name: str) -> Topic:
         t = self.topics.get(name)
         if t is None:
-            t = Topic(name, v.topic_config({}), self.now, self._retained)
-            self.topics[name] = t
+            t = self._new_topic(name, v.topic_config({}))
             cfg = v.group_config(name, {"max_attempts": 0, "dead_letter_topic": None})
             t.groups[DEFAULT_GROUP] = Group(DEFAULT_GROUP, cfg, t.next_seq)
         return t
@@ -615,6 +682,7 @@ class Broker:
         for g in t.groups.values():
             self._forget_consumers(t, g)
         del self.topics[t.name]
+        self.store.drop(t.key)
         t.bytes = 0  # (out of the node-wide total)
         self._aging.forget(t.name)
         self._dedup_expiry.forget(t.name)
@@ -643,7 +711,7 @@ class Broker:
                 t.pinned.append(g)
             # Messages still waiting out their publish delay wait for this group too.
             for seq, due in list(t.publish_delays.items()):
-                if due <= self.now or t.get(seq) is None:
+                if due <= self.now or not t.has(seq):
                     del t.publish_delays[seq]
                     continue
                 g.held[seq] = 0
@@ -651,7 +719,7 @@ class Broker:
                 g.skip.add(seq)
                 g.fresh -= 1
                 heapq.heappush(self._delays, (due, t.name, gname, (seq,)))
-                key = _okey(t.get(seq))
+                key = t.okeys.get(seq)
                 if g.kq is not None and key is not None:
                     g.kq.setdefault(key, []).append(seq)  # (in seq order, as published)
         else:
@@ -700,7 +768,9 @@ class Broker:
         dedup = t.dedup
         window = round(cfg["dedup_window"] * 1000)
         # Validate everything first: a rejected batch stores nothing.
-        staged: list[tuple[Msg, str | None, int]] = []  # (message, idempotency key, delay)
+        # (payload, headers), and (idempotency key, delay, ordering key) in step
+        staged: list[tuple[bytes, dict[str, str] | None]] = []
+        extra: list[tuple[str | None, int, str | None]] = []
         keyed = False
         batch_keys: dict[str, int] = {}
         results: list[dict[str, Any]] = []
@@ -738,19 +808,17 @@ class Broker:
                     continue
                 batch_keys[key] = first + len(staged)
             if plain:
-                delay_ms = 0
-                msg: Msg = (payload, now, None)
+                extra.append((key, 0, None))
             else:
                 delay = m.get("delay")
                 delay_ms = 0 if delay is None else v.seconds_ms(delay, "delay", 0, v.MAX_DELAY_S)
                 okey = m.get("ordering_key")
-                if okey is None:
-                    msg = (payload, now, hdrs)
-                else:
-                    msg = (payload, now, hdrs, v.ordering_key(okey, f"messages[{i}].ordering_key"))
+                if okey is not None:
+                    okey = v.ordering_key(okey, f"messages[{i}].ordering_key")
                     keyed = True
+                extra.append((key, delay_ms, okey))
             results.append({"seq": first + len(staged), "duplicate": False})
-            staged.append((msg, key, delay_ms))
+            staged.append((payload, hdrs))
             add_bytes += size
         max_n, max_b = cfg["max_messages"], cfg["max_bytes"]
         n = len(staged)
@@ -785,16 +853,17 @@ class Broker:
             self._check_retained(t, add_bytes, limit)
         groups = list(t.groups.values())
         ngroups = len(groups)
-        tmsgs, trefs = t.msgs, t.refs
         n_fresh = n
         keys: list[str] = []
         if keyed:
             self._keyed = True
-        for msg, key, delay_ms in staged:
-            seq = t.next_seq
-            t.next_seq = seq + 1
-            tmsgs.append(msg)
-            trefs.append(ngroups)
+        if n:  # one store append per command: the records of the whole batch
+            locs, lengths = self.store.append_batch(t.key, first, now, staged)
+            t.index.extend(locs, lengths, [len(p) for p, _ in staged], now, ngroups)
+        for j, (key, delay_ms, okey) in enumerate(extra):
+            seq = first + j
+            if okey is not None:
+                t.okeys[seq] = okey
             if key is not None and window:
                 dedup[key] = seq
                 keys.append(key)
@@ -808,8 +877,9 @@ class Broker:
                     g.delayed[seq] = due
                     g.skip.add(seq)
                     heapq.heappush(self._delays, (due, t.name, g.name, (seq,)))
-                    if g.kq is not None and len(msg) > 3:
-                        g.kq.setdefault(msg[3], []).append(seq)  # (the highest seq yet)
+                    if g.kq is not None and okey is not None:
+                        g.kq.setdefault(okey, []).append(seq)  # (the highest seq yet)
+        t.next_seq = first + n
         if keys:
             heapq.heappush(t.dedup_heap, (now + window, dedup[keys[0]], keys))
             self._dedup_expiry.note(t.name, now + window)
@@ -858,9 +928,7 @@ class Broker:
     def _remove(self, t: Topic, seq: int) -> None:
         """Take a retained message out of the topic and out of every group (retention, overflow,
         redrive), counting it as dropped in each group that had not settled it."""
-        i = seq - t.first_seq
-        m = t.msgs[i]
-        if m is None:
+        if not t.index.retained(seq):
             return
         for g in t.groups.values():
             if seq in g.held:
@@ -873,66 +941,76 @@ class Broker:
                     g.cursor += 1
                 else:
                     g.skip.add(seq)
-        t.msgs[i] = None
-        t.refs[i] = 0
-        t.count -= 1
-        t.bytes -= len(m[0])
-        if i == t.head:
-            t.trim()
+        was_oldest = seq == t.index.oldest_seq()
+        self._free(t, seq)
+        if was_oldest:
+            t.trimmed()
             oldest = t.oldest_seq()
             for g in t.groups.values():
                 if g.cursor < oldest:
                     _advance_cursor(g, oldest)
 
+    def _free(self, t: Topic, seq: int) -> None:
+        """Message ``seq`` leaves the topic: out of the index, its record freed in the store."""
+        r = t.index.remove(seq)
+        assert r is not None
+        self.store.free(t.key, r[0], r[1])
+        t.count -= 1
+        t.bytes -= r[2]
+        if t.okeys:
+            t.okeys.pop(seq, None)
+
     def _settle(self, t: Topic, g: Group, seq: int) -> None:
         """Group ``g`` is done with ``seq``; free the message when every group is: its refs
         (groups counted from their pin on) reach zero and no group pinning it still needs it."""
-        i = seq - t.first_seq
-        if i < t.head or i >= len(t.msgs):
+        ix = t.index
+        i = seq - ix.first_seq
+        refs = ix.refs
+        if i < ix.head or i >= len(refs):
             return
-        m = t.msgs[i]
-        if m is None:
+        r = refs[i]
+        if r == GONE:
             return
         if seq >= g.pin:
-            r = t.refs[i] - 1
-            t.refs[i] = r
+            r -= 1
+            refs[i] = r
             if r:
                 return
-        elif t.refs[i]:
+        elif r:
             return
         if t.pinned and _pinned_elsewhere(t, g, seq):
             return
-        t.msgs[i] = None
-        t.count -= 1
-        t.bytes -= len(m[0])
-        if i == t.head:
-            t.trim()
+        was_oldest = i == ix.head
+        self._free(t, seq)
+        if was_oldest:
+            t.trimmed()
 
     def _settle_fresh(self, t: Topic, g: Group) -> int:
         """Settle every fresh message of ``g`` at once (delete or purge of a group): one tight
         pass over the group's backlog. Returns how many it settled."""
-        base, msgs, refs, skip, pin = t.first_seq, t.msgs, t.refs, g.skip, g.pin
-        n = freed = freed_bytes = 0
-        for i in range(max(g.cursor, t.oldest_seq()) - base, t.next_seq - base):
-            m = msgs[i]
-            if m is None or (skip and i + base in skip):
+        ix, skip, pin = t.index, g.skip, g.pin
+        refs = ix.refs
+        n = 0
+        free: list[int] = []
+        for seq in range(max(g.cursor, t.oldest_seq()), t.next_seq):
+            i = seq - ix.first_seq  # (stable: nothing is removed from the index in here)
+            r = refs[i]
+            if r == GONE or (skip and seq in skip):
                 continue
             n += 1
-            if i + base >= pin:
-                r = refs[i] - 1
+            if seq >= pin:
+                r -= 1
                 refs[i] = r
                 if r:
                     continue
-            elif refs[i]:
+            elif r:
                 continue
-            if t.pinned and _pinned_elsewhere(t, g, i + base):
+            if t.pinned and _pinned_elsewhere(t, g, seq):
                 continue
-            msgs[i] = None
-            freed += 1
-            freed_bytes += len(m[0])
-        t.count -= freed
-        t.bytes -= freed_bytes
-        t.trim()
+            free.append(seq)
+        for seq in free:  # (removing trims the index, which moves its positions)
+            self._free(t, seq)
+        t.trimmed()
         return n
 
     def _unhold(self, t: Topic, g: Group, seq: int) -> None:
@@ -996,7 +1074,7 @@ class Broker:
                 if skip and seq in skip:
                     skip.discard(seq)
                     continue
-                if seq < pin and t.get(seq) is None:
+                if seq < pin and not t.index.retained(seq):
                     continue  # gone before this (start=earliest) group was created
                 held[seq] = 0
                 seqs.append(seq)
@@ -1013,7 +1091,10 @@ class Broker:
         if len(self._deadlines) > self._deadlines_limit:
             self._compact_deadlines()
         first = g.first
-        keyed = self._keyed  # (no message has an ordering key unless one was published)
+        okeys = t.okeys  # (empty unless a message with an ordering key was published)
+        ix = t.index
+        base, locs, lengths, ats = ix.first_seq, ix.loc, ix.length, ix.at
+        reads, key = self._reads, t.key
         for seq in seqs:
             attempt = held[seq] + 1
             held[seq] = attempt
@@ -1021,20 +1102,18 @@ class Broker:
             f = now if attempt == 1 else first.pop(seq, now)
             inflight[seq] = [consumer, mac, deadline, f]
             mine[seq] = None
-            m = t.get(seq)
-            assert m is not None
+            i = seq - base
             d = {
                 "seq": seq,
                 "attempt": attempt,
                 "receipt": f"{prefix}{seq}:{attempt}:{mac}",
-                "payload": m[0],
-                "headers": dict(m[2]) if m[2] else {},
-                "published_at": m[1],
+                "published_at": ats[i],
                 "deadline": deadline,
                 "first_received_at": f,
             }
-            if keyed and len(m) > 3:
-                d["ordering_key"] = m[3]
+            if okeys and seq in okeys:
+                d["ordering_key"] = okeys[seq]
+            reads.append((d, key, seq, locs[i], lengths[i]))  # (payload, headers: _read)
             out.append(d)
         g.counters["delivered"] += len(seqs)
         g.counters["redelivered"] += sum(1 for d in out if d["attempt"] > 1)
@@ -1209,12 +1288,14 @@ class Broker:
 
     def _dead_letter(self, t: Topic, g: Group, seq: int, reason: str) -> None:
         attempts = g.held[seq]
-        m = t.get(seq)
+        okey = t.okeys.get(seq) if t.okeys else None
         self._unhold(t, g, seq)
         g.counters["dead_lettered"] += 1
         dlq_name = g.config["dead_letter_topic"]
-        if m is not None and dlq_name is not None:
-            hdrs = dict(m[2] or {})
+        got = t.index.get(seq)
+        if got is not None and dlq_name is not None:
+            payload, old = self.store.read(t.key, seq, got[0], got[1])
+            hdrs = dict(old or {})
             hdrs.update(
                 {
                     DLQ_PREFIX + "topic": t.name,
@@ -1222,31 +1303,37 @@ class Broker:
                     DLQ_PREFIX + "seq": str(seq),
                     DLQ_PREFIX + "attempts": str(attempts),
                     DLQ_PREFIX + "reason": reason,
-                    DLQ_PREFIX + "published-at": str(m[1]),
+                    DLQ_PREFIX + "published-at": str(got[3]),
                 }
             )
-            self._append_dlq(self._ensure_dlq(dlq_name), m[0], hdrs, _okey(m))
+            self._append_dlq(self._ensure_dlq(dlq_name), payload, hdrs, okey)
         self._settle(t, g, seq)
+
+    def _append(
+        self, t: Topic, payload: bytes, hdrs: dict[str, str], okey: str | None, refs: int
+    ) -> int:
+        """Append one message (a dead letter, a redrive) to the store and the index."""
+        seq = t.next_seq
+        t.next_seq += 1
+        loc, length = self.store.append(t.key, seq, self.now, payload, hdrs)
+        t.index.append(loc, length, len(payload), self.now, refs)
+        if okey is not None:
+            t.okeys[seq] = okey
+        t.count += 1
+        t.bytes += len(payload)
+        t.counters["published"] += 1
+        return seq
 
     def _append_dlq(self, d: Topic, payload: bytes, hdrs: dict[str, str], okey: str | None) -> None:
         """Dead letters bypass ``reject`` limits (they must never be lost on the way in);
         ``drop_oldest`` still applies. They keep their ordering key."""
-        seq = d.next_seq
-        d.next_seq += 1
-        d.msgs.append(
-            (payload, self.now, hdrs) if okey is None else (payload, self.now, hdrs, okey)
-        )
-        d.refs.append(len(d.groups))
+        self._append(d, payload, hdrs, okey, len(d.groups))
         for g in d.groups.values():
             g.fresh += 1
-        d.count += 1
-        d.bytes += len(payload)
-        d.counters["published"] += 1
         if d.config["overflow"] == "drop_oldest":
             self._enforce_limits(d)
         if d.config["max_age"] is not None:
             self._aging.note(d.name, _age_due(d))
-        del seq
 
     # ------------------------------------------------------------------ admin
 
@@ -1267,10 +1354,9 @@ class Broker:
                 g.cursor = g.pin = t.next_seq
                 g.fresh = 0
             t.pinned = []
-            t.msgs = []
-            t.refs = []
-            t.first_seq = t.next_seq
-            t.head = 0
+            self.store.clear(t.key)  # (every record at once; the stream goes on)
+            t.index = MsgIndex(t.next_seq)
+            t.okeys = {}
             t.count = 0
             t.bytes = 0
             t.counters["purged"] += n
@@ -1299,11 +1385,12 @@ class Broker:
         skipped = 0
         seq, end = d.oldest_seq(), d.next_seq  # (not what this redrive appends itself)
         while seq < end and moved < n:
-            m = d.get(seq)
+            got = d.index.get(seq)
             seq += 1
-            if m is None:
+            if got is None:
                 continue
-            hdrs = m[2] or {}
+            payload, old = self.store.read(d.key, seq - 1, got[0], got[1])
+            hdrs = old or {}
             src_t = self.topics.get(hdrs.get(DLQ_PREFIX + "topic", ""))
             src_g = hdrs.get(DLQ_PREFIX + "group", "")
             # (headers naming this topic itself come from a publisher, not from dead-lettering)
@@ -1313,7 +1400,8 @@ class Broker:
             new_hdrs = dict(hdrs)
             prior = hdrs.get(REDRIVE_HEADER, "")
             new_hdrs[REDRIVE_HEADER] = str(int(prior) + 1 if _is_num(prior) else 1)
-            self._publish_internal(src_t, src_g, m[0], new_hdrs, _okey(m))
+            okey = d.okeys.get(seq - 1) if d.okeys else None
+            self._publish_internal(src_t, src_g, payload, new_hdrs, okey)
             self._remove(d, seq - 1)
             moved += 1
         return {"topic": d.name, "redriven": moved, "skipped": skipped}
@@ -1323,15 +1411,7 @@ class Broker:
     ) -> None:
         """Append one message addressed to one group, bypassing size and backlog limits (it was
         accepted once already), with its ordering key."""
-        seq = t.next_seq
-        t.next_seq += 1
-        t.msgs.append(
-            (payload, self.now, hdrs) if okey is None else (payload, self.now, hdrs, okey)
-        )
-        t.refs.append(1)
-        t.count += 1
-        t.bytes += len(payload)
-        t.counters["published"] += 1
+        seq = self._append(t, payload, hdrs, okey, 1)
         for g in t.groups.values():
             if g.name != group:
                 g.skip.add(seq)
@@ -1341,6 +1421,32 @@ class Broker:
                 g.fresh += 1
         if t.config["max_age"] is not None:
             self._aging.note(t.name, _age_due(t))
+
+    # ------------------------------------------------------------------ store compaction
+
+    def _op_compact(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        """Copy the live records of a mostly-dead segment to its stream's tail. Proposed by the
+        leader (``compaction_candidates``); a segment that stopped being a candidate since
+        (emptied, retired) is left alone: ``compacted: false``."""
+        t = self._topic(cmd)
+        segno = v.integer(cmd.get("segment"), "segment", 0, v.MAX_INT)
+        if (t.key, segno) not in self.store.candidates():
+            return {"topic": t.name, "segment": segno, "compacted": False}
+        moved = self.store.compact(t.key, segno, t.index.is_live)
+        t.index.relocate(moved)
+        return {"topic": t.name, "segment": segno, "compacted": True, "moved": len(moved)}
+
+    def compaction_candidates(self) -> list[dict[str, Any]]:
+        """The ``compact`` commands a leader should propose now (at most MAX_COMPACTIONS)."""
+        cands = self.store.candidates()
+        if not cands:
+            return []
+        by_key = {t.key: name for name, t in self.topics.items()}
+        return [
+            {"op": "compact", "topic": by_key[key], "segment": segno}
+            for key, segno in cands[:MAX_COMPACTIONS]
+            if key in by_key
+        ]
 
     # ------------------------------------------------------------------ cluster settings
 
@@ -1507,7 +1613,7 @@ class Broker:
 
     def topic_stats(self, name: str) -> dict[str, Any]:
         t = self._topic({"topic": name})
-        oldest = t.get(t.oldest_seq()) if t.count else None
+        oldest = t.published_at(t.oldest_seq()) if t.count else None
         return {
             "topic": t.name,
             "config": v.config_out(t.config, v.TOPIC_OPTIONAL),
@@ -1516,7 +1622,7 @@ class Broker:
             "bytes": t.bytes,
             "first_seq": t.oldest_seq() if t.count else None,
             "last_seq": t.next_seq - 1,
-            "oldest_age_ms": (self.now - oldest[1]) if oldest else None,
+            "oldest_age_ms": (self.now - oldest) if oldest is not None else None,
             **{f"{k}_total": c for k, c in t.counters.items()},
             "groups": [self._group_stats(t, g) for g in t.groups.values()],
         }
@@ -1533,10 +1639,10 @@ class Broker:
         oldest_seq = min(g.held) if g.held else None
         if fresh:
             s = g.cursor
-            while s in g.skip or (s < g.pin and t.get(s) is None):
+            while s in g.skip or (s < g.pin and not t.has(s)):
                 s += 1
             oldest_seq = s if oldest_seq is None else min(oldest_seq, s)
-        m = t.get(oldest_seq) if oldest_seq is not None else None
+        at = t.published_at(oldest_seq) if oldest_seq is not None else None
         return {
             "group": g.name,
             "config": _group_config_out(g),
@@ -1544,7 +1650,7 @@ class Broker:
             "delayed": delayed,
             "in_flight": in_flight,
             "consumers": len(g.by_consumer),
-            "oldest_age_ms": (self.now - m[1]) if m else None,
+            "oldest_age_ms": (self.now - at) if at is not None else None,
             **{f"{k}_total": c for k, c in g.counters.items()},
         }
 
@@ -1558,32 +1664,44 @@ class Broker:
         seq = t.oldest_seq() if from_seq is None else max(from_seq, t.oldest_seq())
         out: list[dict[str, Any]] = []
         while seq < t.next_seq and len(out) < limit:
-            m = t.get(seq)
-            if m is not None:
+            got = t.index.get(seq)
+            if got is not None:
+                payload, hdrs = self.store.read(t.key, seq, got[0], got[1])
                 d = {
                     "seq": seq,
-                    "payload": m[0],
-                    "headers": dict(m[2]) if m[2] else {},
-                    "published_at": m[1],
+                    "payload": payload,
+                    "headers": hdrs or {},
+                    "published_at": got[3],
                 }
-                if len(m) > 3:
-                    d["ordering_key"] = m[3]
+                if seq in t.okeys:
+                    d["ordering_key"] = t.okeys[seq]
                 out.append(d)
             seq += 1
         return out
 
     def digest(self) -> str:
-        """A short fingerprint of the whole state; equal on replicas that applied the same log."""
-        return hashlib.blake2b(self.snapshot(), digest_size=16).hexdigest()
+        """A short fingerprint of the whole state, the store's marks included; equal on
+        replicas that applied the same log."""
+        snap = self._snapshot(self.store.marks()[1], inline=False)
+        return hashlib.blake2b(snap, digest_size=16).hexdigest()
 
     # ------------------------------------------------------------------ snapshot
 
-    def snapshot(self) -> bytes:
+    def snapshot(self, marks: Marks | None = None) -> bytes:
+        """v7: metadata only, no payloads. ``marks``: the store's, taken by the binding
+        (``store.marks()``) under its apply lock; None takes them now.
+
+        A Broker on an in-memory store (``memdisk``: no data directory) has no files another
+        node could receive, so its snapshot carries the bytes of the segments its marks name
+        as a tenth field, ``[[file name, bytes], ...]``, which ``restore`` writes back into
+        an in-memory store first (only there: a store on disk gets them by transfer)."""
+        if marks is None:
+            marks = self.store.marks()[1]
+        return self._snapshot(marks, isinstance(self.store.disk, MemDisk))
+
+    def _snapshot(self, marks: Marks, inline: bool) -> bytes:
         topics: list[list[Any]] = []
-        v6 = bool(self.settings)
-        v5 = v6 or self._keyed  # (else: an ordered group, a label or a first receive?)
         for t in self.topics.values():
-            h = t.head
             groups = [
                 [
                     g.name,
@@ -1601,32 +1719,23 @@ class Broker:
                 ]
                 for g in t.groups.values()
             ]
-            if not v5:
-                v5 = "labels" in t.config or any(
-                    g.inflight or g.first or g.kq is not None for g in t.groups.values()
-                )
             topics.append(
                 [
                     t.name,
                     t.config,
                     t.created_at,
                     t.next_seq,
-                    t.first_seq + h,
-                    t.msgs[h:] if h else t.msgs,
-                    t.refs[h:] if h else t.refs,
+                    t.key,
+                    t.index.dump(),
+                    sorted(t.okeys.items()),
+                    t.count,
+                    t.bytes,
                     _dedup_rows(t),
                     [t.counters[k] for k in TOPIC_COUNTERS],
                     groups,
                     list(t.publish_delays.items()),
                 ]
             )
-        head: list[Any] = [self.now, self.applied_commands, topics]
-        if not v5:  # the bytes of v3 or v4, which older nodes can still install
-            for row in topics:
-                for grow in row[9]:
-                    grow.pop()
-        if not self._tokens and not v5:  # v3: a node without tokens can still install them
-            return msgpack.packb([3, *head], use_bin_type=True)
         tokens = [
             [
                 tid,
@@ -1640,15 +1749,43 @@ class Broker:
             ]
             for tid, r in sorted(self._tokens.items())
         ]
-        if not v5:
-            return msgpack.packb([4, *head, tokens], use_bin_type=True)
-        if not v6:
-            return msgpack.packb([5, *head, tokens, self._keyed], use_bin_type=True)
-        return msgpack.packb([6, *head, tokens, self._keyed, self.settings], use_bin_type=True)
+        head = [SNAPSHOT_VERSION, self.now, self.applied_commands, topics, tokens, self._keyed]
+        out = [*head, self.settings, marks, self.next_stream]
+        if inline:
+            out.append(self._segment_bytes(marks))
+        return msgpack.packb(out, use_bin_type=True)
+
+    def _segment_bytes(self, marks: Marks) -> list[list[Any]]:
+        disk, directory = self.store.disk, self.store.dir
+        out = []
+        sizes = [s[1] for _, _, segs in marks for s in segs]
+        for name, size in zip(files_of(marks), sizes, strict=True):
+            data = disk.read(os.path.join(directory, name)) or b""
+            out.append([name, data[:size]])
+        return out
+
+    @staticmethod
+    def snapshot_marks(data: bytes) -> Marks:
+        """The store marks a snapshot names (``[]`` for one older than v7): the segments a
+        transfer of it exports."""
+        try:
+            obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+            version = obj[0]
+        except Exception as e:
+            raise ValueError(f"not a raftq snapshot: {e!r}") from e
+        if version not in READABLE_SNAPSHOTS:
+            raise ValueError(f"unsupported snapshot version {version!r}")
+        marks: Marks = obj[7] if version >= 7 else []
+        return marks
 
     def restore(self, data: bytes) -> None:
-        """Replace the whole state with a snapshot's; on a bad snapshot raise ValueError and
-        keep the current state."""
+        """Replace the whole state with a snapshot's. v7: the store is cut back to the
+        snapshot's marks (``truncate_to``) and each topic's index rebuilt from it; v2-v6: the
+        store is emptied and the snapshot's messages appended to it in seq order (so a
+        converted node's files may differ from those of a node that applied the log: compare
+        such nodes by state, not digest). A bad snapshot raises ValueError and keeps the
+        current state (the store, though, may be cut already: restore again or stop); a
+        StorageError from the store propagates (the node stops)."""
         try:
             obj = msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
             version = obj[0]
@@ -1657,14 +1794,27 @@ class Broker:
         if version not in READABLE_SNAPSHOTS:
             raise ValueError(f"unsupported snapshot version {version!r}")
         try:
-            fresh = Broker()
+            fresh = Broker(self.store)
             fresh._load(obj)
+        except StorageError:
+            raise
         except Exception as e:
             raise ValueError(f"corrupt snapshot: {e!r}") from e
         self.__dict__.update(fresh.__dict__)
 
     def _load(self, obj: Any) -> None:
-        if obj[0] >= 6:
+        marks: Any = None
+        if obj[0] >= 7:
+            (
+                version, self.now, self.applied_commands, topics, tokens, self._keyed, settings,
+                marks, self.next_stream, *inline,
+            ) = obj  # fmt: skip
+            self.settings = v.cluster_settings(settings, {})
+            if inline and isinstance(self.store.disk, MemDisk):
+                for name, data in inline[0]:
+                    f = self.store.disk.create(os.path.join(self.store.dir, name))
+                    f.write(data)
+        elif obj[0] == 6:
             version, self.now, self.applied_commands, topics, tokens, self._keyed, settings = obj
             self.settings = v.cluster_settings(settings, {})
         elif obj[0] == 5:
@@ -1688,86 +1838,120 @@ class Broker:
                 "created_at": created_at,
             }
             self._token_names[name] = tid
-        for (
-            name, config, created_at, next_seq, first_seq, msgs, refs, dedup, tc, groups, delays,
-        ) in topics:  # fmt: skip
-            t = Topic(name, dict(config), created_at, self._retained)
+        self.store.truncate_to(marks if marks is not None else [])
+        for row in topics:
+            if version >= 7:
+                (
+                    name, config, created_at, next_seq, key, dump, okeys, count, nbytes, dedup,
+                    tc, groups, delays,
+                ) = row  # fmt: skip
+                t = Topic(name, dict(config), created_at, self._retained, key)
+                t.index = MsgIndex.restore(list(dump), self.store.columns(key))
+                t.okeys = dict(okeys)
+                t.count, t.bytes = count, nbytes
+            else:
+                name, config, created_at, next_seq, first_seq, msgs, refs, dedup, tc, groups, delays = row  # fmt: skip  # noqa: E501
+                t = Topic(
+                    name, dict(config), created_at, self._retained, f"{name}.{self.next_stream}"
+                )
+                self.next_stream += 1
+                self._convert(t, first_seq, msgs, refs)
             t.next_seq = next_seq
-            t.first_seq = first_seq
-            # Messages arrive as tuples already (use_list=False): no per-message work.
-            t.msgs = list(msgs)
-            t.refs = list(refs)
-            t.count = len(msgs) - t.msgs.count(None)
-            t.bytes = sum([len(m[0]) for m in msgs if m is not None])
-            if version == 2:  # one [key, seq, expires_at] row per key
-                by_exp: dict[int, tuple[list[str], list[int]]] = {}
-                for k, s, e in dedup:
-                    row = by_exp.setdefault(e, ([], []))
-                    row[0].append(k)
-                    row[1].append(s)
-                dedup = [(e, keys, seqs) for e, (keys, seqs) in by_exp.items()]
-            for exp, keys, seqs in dedup:
-                t.dedup.update(zip(keys, seqs, strict=True))
-                t.dedup_heap.append((exp, seqs[0], list(keys)))
-            heapq.heapify(t.dedup_heap)
-            t.counters = dict(zip(TOPIC_COUNTERS, tc, strict=True))
-            for s, due in delays:
-                t.publish_delays[s] = due
-                self._delays.append((due, name, "", (s,)))
-            for grow in groups:
-                if version >= 5:
-                    (
-                        gname,
-                        gcfg,
-                        cursor,
-                        pin,
-                        fresh,
-                        skip,
-                        held,
-                        inflight,
-                        delayed,
-                        ready,
-                        gc,
-                        fr,
-                    ) = grow
-                else:
-                    gname, gcfg, cursor, pin, fresh, skip, held, inflight, delayed, ready, gc = grow
-                    fr = ()
-                gcfg = dict(gcfg)
-                gcfg["backoff"] = list(gcfg["backoff"])
-                g = Group(gname, gcfg, cursor)
-                g.pin, g.fresh = pin, fresh
-                g.skip = set(skip)
-                g.held = dict(held)
-                for s, consumer, mac, deadline, *f in inflight:
-                    # (an older snapshot has no first-receive times: the snapshot's now)
-                    g.inflight[s] = [consumer, mac, deadline, f[0] if f else self.now]
-                    g.by_consumer.setdefault(consumer, {})[s] = None
-                    self._consumers.setdefault(consumer, {})[(name, gname)] = None
-                    self._deadlines.append((deadline, name, gname, (s,)))
-                for s, due in delayed:
-                    g.delayed[s] = due
-                    self._delays.append((due, name, gname, (s,)))
-                g.ready = deque(ready)
-                g.counters = dict(zip(GROUP_COUNTERS, gc, strict=True))
-                g.first = dict(fr)
-                if version < 5:  # (no first-receive times: the snapshot's now, as above)
-                    for s, attempts in g.held.items():
-                        if attempts and s not in g.inflight:
-                            g.first[s] = self.now
-                t.groups[gname] = g
-            oldest = t.oldest_seq()
-            t.pinned = [g for g in t.groups.values() if g.pin > oldest]
-            for g in t.groups.values():
-                if g.kq is not None:
-                    _reorder(t, g)
-            self.topics[name] = t
-            self._aging.note(name, _age_due(t))
-            if t.dedup_heap:
-                self._dedup_expiry.note(name, t.dedup_heap[0][0])
+            if t.index.next_seq != next_seq:
+                raise ValueError(
+                    f"topic {name!r}: index ends at {t.index.next_seq}, not {next_seq}"
+                )
+            self._load_topic(t, version, dedup, tc, groups, delays)
         heapq.heapify(self._deadlines)
         heapq.heapify(self._delays)
         self._deadlines_limit = 2 * len(self._deadlines) + COMPACT_SLACK
+
+    def _convert(self, t: Topic, first_seq: int, msgs: Any, refs: Any) -> None:
+        """A v2-v6 topic's messages into the store, in seq order, and its index."""
+        ix = t.index = MsgIndex(first_seq)
+        for i, m in enumerate(msgs):
+            if m is None:
+                ix.append(GONE, 0, 0, 0, GONE)
+                continue
+            seq = first_seq + i
+            loc, length = self.store.append(t.key, seq, m[1], m[0], m[2])
+            ix.append(loc, length, len(m[0]), m[1], refs[i])
+            if len(m) > 3:
+                t.okeys[seq] = m[3]
+            t.count += 1
+            t.bytes += len(m[0])
+        ix.trim()
+
+    def _load_topic(
+        self, t: Topic, version: int, dedup: Any, tc: Any, groups: Any, delays: Any
+    ) -> None:
+        name = t.name
+        if version == 2:  # one [key, seq, expires_at] row per key
+            by_exp: dict[int, tuple[list[str], list[int]]] = {}
+            for k, s, e in dedup:
+                row = by_exp.setdefault(e, ([], []))
+                row[0].append(k)
+                row[1].append(s)
+            dedup = [(e, keys, seqs) for e, (keys, seqs) in by_exp.items()]
+        for exp, keys, seqs in dedup:
+            t.dedup.update(zip(keys, seqs, strict=True))
+            t.dedup_heap.append((exp, seqs[0], list(keys)))
+        heapq.heapify(t.dedup_heap)
+        t.counters = dict(zip(TOPIC_COUNTERS, tc, strict=True))
+        for s, due in delays:
+            t.publish_delays[s] = due
+            self._delays.append((due, name, "", (s,)))
+        for grow in groups:
+            if version >= 5:
+                (
+                    gname,
+                    gcfg,
+                    cursor,
+                    pin,
+                    fresh,
+                    skip,
+                    held,
+                    inflight,
+                    delayed,
+                    ready,
+                    gc,
+                    fr,
+                ) = grow
+            else:
+                gname, gcfg, cursor, pin, fresh, skip, held, inflight, delayed, ready, gc = grow
+                fr = ()
+            gcfg = dict(gcfg)
+            gcfg["backoff"] = list(gcfg["backoff"])
+            g = Group(gname, gcfg, cursor)
+            g.pin, g.fresh = pin, fresh
+            g.skip = set(skip)
+            g.held = dict(held)
+            for s, consumer, mac, deadline, *f in inflight:
+                # (an older snapshot has no first-receive times: the snapshot's now)
+                g.inflight[s] = [consumer, mac, deadline, f[0] if f else self.now]
+                g.by_consumer.setdefault(consumer, {})[s] = None
+                self._consumers.setdefault(consumer, {})[(name, gname)] = None
+                self._deadlines.append((deadline, name, gname, (s,)))
+            for s, due in delayed:
+                g.delayed[s] = due
+                self._delays.append((due, name, gname, (s,)))
+            g.ready = deque(ready)
+            g.counters = dict(zip(GROUP_COUNTERS, gc, strict=True))
+            g.first = dict(fr)
+            if version < 5:  # (no first-receive times: the snapshot's now, as above)
+                for s, attempts in g.held.items():
+                    if attempts and s not in g.inflight:
+                        g.first[s] = self.now
+            t.groups[gname] = g
+        oldest = t.oldest_seq()
+        t.pinned = [g for g in t.groups.values() if g.pin > oldest]
+        for g in t.groups.values():
+            if g.kq is not None:
+                _reorder(t, g)
+        self.topics[name] = t
+        self._aging.note(name, _age_due(t))
+        if t.dedup_heap:
+            self._dedup_expiry.note(name, t.dedup_heap[0][0])
 
 
 def _token_view(rec: dict[str, Any]) -> dict[str, Any]:
@@ -1806,13 +1990,13 @@ def _group_config_out(g: Group) -> dict[str, Any]:
 
 def _is_head(t: Topic, g: Group, seq: int) -> bool:
     """Is ``seq`` first among the held messages of its key (or without a key)?"""
-    key = _okey(t.get(seq))
+    key = t.okeys.get(seq)
     return key is None or g.kq[key][0] == seq  # type: ignore[index]
 
 
 def _unqueue(t: Topic, g: Group, seq: int) -> None:
     """``seq`` is no longer held by ordered group ``g``: queue the next of its key if ready."""
-    key = _okey(t.get(seq))
+    key = t.okeys.get(seq)
     if key is None:
         return
     kq = g.kq
@@ -1830,7 +2014,7 @@ def _unqueue(t: Topic, g: Group, seq: int) -> None:
 
 def _due_ordered(t: Topic, g: Group, seq: int) -> None:
     """The delay of held ``seq`` in ordered group ``g`` ran out."""
-    key = _okey(t.get(seq))
+    key = t.okeys.get(seq)
     if key is None:
         g.ready.append(seq)
     elif not g.held[seq] and seq >= g.cursor:
@@ -1856,7 +2040,7 @@ def _take_ordered(t: Topic, g: Group, n: int, seqs: list[int]) -> None:
         seq = ready.popleft()
         if seq not in held or seq in inflight or seq in delayed:
             continue
-        key = _okey(t.get(seq))
+        key = t.okeys.get(seq)
         if key is None:
             seqs.append(seq)
             continue
@@ -1879,11 +2063,10 @@ def _take_ordered(t: Topic, g: Group, n: int, seqs: list[int]) -> None:
         if skip and seq in skip:
             skip.discard(seq)
             continue
-        m = t.get(seq)
-        if m is None:
+        if not t.has(seq):
             continue  # (below a start=earliest group's pin: gone before it was created)
         left -= 1
-        key = _okey(m)
+        key = t.okeys.get(seq)
         if key is not None:
             kept = kq.get(key)
             if kept is None:
@@ -1920,12 +2103,12 @@ def _reorder(t: Topic, g: Group) -> None:
         return
     kq: dict[str, list[int]] = {}
     for s in sorted(g.held):
-        key = _okey(t.get(s))
+        key = t.okeys.get(s)
         if key is not None:
             kq.setdefault(key, []).append(s)
     g.kq = kq
     heads = {q[0] for q in kq.values()}
-    keep = [s for s in queued if _okey(t.get(s)) is None or s in heads]
+    keep = [s for s in queued if t.okeys.get(s) is None or s in heads]
     kept = set(keep)
     keep += sorted(s for s in heads if s not in kept and g.is_ready(s))
     g.ready = deque(keep)
@@ -1952,4 +2135,5 @@ _HANDLERS: dict[str, Any] = {
     "token_update": Broker._op_token_update,
     "token_revoke": Broker._op_token_revoke,
     "cluster_settings": Broker._op_cluster_settings,
+    "compact": Broker._op_compact,
 }
