@@ -52,9 +52,19 @@ async def test_a_wiped_follower_gets_the_store_files_without_an_election(three: 
         await leader.propose([pub("t", b"t%04d" % i + b"x" * 1000), pub("u", b"u%04d" % i)])
     # A consumed part frees records (some segments retire), so the marks are not just appends.
     got = await leader.propose(
-        [{"op": "receive", "topic": "t", "consumer": "c", "max": 100, "token": b"k" * 16}]
+        [
+            {
+                "op": "receive",
+                "topic": "t",
+                "group": "default",
+                "consumer": "c",
+                "max": 100,
+                "token": b"k" * 16,
+            }
+        ]
     )
-    receipts = [m["receipt"] for m in got[0]["messages"]]
+    receipts = [m["receipt"] for m in got[0]["deliveries"]]
+    assert got[0]["deliveries"][0]["payload"][:5] == b"t0000", "the leader read it"
     assert len(receipts) == 100
     await leader.propose([{"op": "ack", "receipts": receipts}])
     await until("leader snapshot", lambda: leader.stats["snapshots"] >= 1)

@@ -495,9 +495,9 @@ def test_files_that_only_look_like_segments_are_left_alone(tmp_path: Path) -> No
 def test_a_snapshot_written_in_parts_is_the_sealed_msgpack_body(size: int) -> None:
     snap = os.urandom(size)
     snaps = _Snapshots.__new__(_Snapshots)
-    snaps._owner = SimpleNamespace(broker=SimpleNamespace(snapshot=lambda: snap))  # type: ignore[assignment]
+    snaps._owner = SimpleNamespace(broker=SimpleNamespace(snapshot=lambda marks: snap))  # type: ignore[assignment]
     node = SimpleNamespace(id="127.0.0.1:9001", raftq_id="n1", raftq_api="127.0.0.1:8001")
-    blob = b"".join(snaps._blob((None, (b"x", 7, 2), (b"y", 6, 2), [node])))
+    blob = b"".join(snaps._blob((None, (b"x", 7, 2), (b"y", 6, 2), [node]), []))
     body = [1, [b"x", 7, 2], [b"y", 6, 2], [["127.0.0.1:9001", "n1", "127.0.0.1:8001"]], snap]
     assert blob == seal(msgpack.packb(body, use_bin_type=True))
 

@@ -19,6 +19,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -274,7 +275,8 @@ class _Snapshots:
             blob = self._read()
             if blob is None:
                 return None
-            tx = self._tx[key] = _Tx(blob, self._chunk)
+            # (In memory, a snapshot carries its segment bytes itself: see Broker.snapshot.)
+            tx = self._tx[key] = _Tx(blob, self._chunk, files=self._disk is not None)
         try:
             part = tx.next_part(self._owner.broker.store)
         except StorageError as e:
@@ -360,16 +362,18 @@ class _Tx:
     """One follower's transfer: the snapshot file in ``S`` parts, then the store files it
     marks in ``F`` parts (an ``Export``, read from the files a frame at a time), then ``E``."""
 
-    def __init__(self, blob: bytes, chunk: int) -> None:
-        self.blob, self.chunk, self.off = blob, chunk, 0
+    def __init__(self, blob: bytes, chunk: int, files: bool) -> None:
+        self.blob, self.chunk, self.off, self.files = blob, chunk, 0, files
         self.export: Export | None = None
-        self.frames: Any = None
+        self.frames: Iterator[bytes] = iter(())
 
     def next_part(self, store: Any) -> bytes:
         if self.off < len(self.blob):
             part = self.blob[self.off : self.off + self.chunk]
             self.off += len(part)
             return b"S" + part
+        if not self.files:
+            return _END
         if self.export is None:
             body = msgpack.unpackb(unseal(self.blob, "snapshot"), raw=False)
             self.export = store.export(Broker.snapshot_marks(body[4]), self.chunk)
