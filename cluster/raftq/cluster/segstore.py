@@ -55,7 +55,8 @@ import threading
 import zlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from itertools import accumulate
 from typing import Any, Protocol
 
 import msgpack
@@ -65,25 +66,31 @@ from raftq.cluster.storage import Disk, DiskFile, ReadFile, StorageCorrupt, Stor
 SEGMENT_BYTES = 8 << 20  # a segment is rolled once it holds this much (+ at most one record)
 FLUSH_BYTES = 256 << 10  # appends are buffered per stream up to this much, then written
 READERS = 64  # open read handles kept (least recently used closed first)
+CACHE_RECORDS = 32  # decoded records kept for reads (least recently used dropped first)
+CACHE_BYTES = 16 << 20  # ... and at most this many of their bytes
 EXPORT_CHUNK = 1 << 20
-SEG_MAGIC = b"RAFTQS1\n"
+SEG_MAGIC = b"RAFTQS2\n"
 _SEG = struct.Struct("<Q")  # segno
 SEG_HEAD = len(SEG_MAGIC) + _SEG.size
-REC_MAGIC = 0x5251_5352  # "RSQR"
-_REC = struct.Struct("<IIIQQI")  # magic, crc32(rest), record length, seq, at, headers length
+REC_MAGIC = 0x3251_5352  # "RSQ2"
+_REC = struct.Struct("<IIIQIQ")  # magic, crc32(rest), record length, first seq, messages, at
+_REST = struct.Struct("<IQIQ")  # the same from the length on (what the CRC starts with)
 REC_OVERHEAD = _REC.size
+PER_MESSAGE = 8  # column bytes a message adds: payload size u32, headers length u32
 _CRC_FROM = 8  # the CRC covers the record from its length field on
 MAX_SEGNO = (1 << 21) - 1  # locations stay below 2^53 (msgpack/JSON-safe integers)
 KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _NAME_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,199})~([0-9]{8,})\.seg")
 _IDX_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,199})~([0-9]{8,})\.idx")
-IDX_MAGIC = b"RAFTQI1\n"
-_IDX = struct.Struct("<QQQI")  # segno and size of the segment described, records, crc32
+IDX_MAGIC = b"RAFTQI2\n"
+_IDX = struct.Struct("<QQQI")  # segno and size of the segment described, messages, crc32
 _FRAME = struct.Struct("<HQI")  # export frame: name length, offset, data length
 COMPLETE = "COMPLETE"  # an import's staging directory holds every file, synced
 
-# marks: [[key, next_segno, [[segno, size, live_records, live_bytes], ...]], ...] (msgpack-able)
+# marks: [[key, next_segno, [[segno, size, live_messages, live_bytes], ...]], ...] (msgpack-able)
 Marks = list[list[Any]]
+Headers = Mapping[str, str] | None
+Message = tuple[bytes, dict[str, str] | None]  # what a read gives: payload, headers
 
 
 class StoreDisk(Disk, Protocol):
@@ -103,25 +110,25 @@ def idx_name(key: str, segno: int) -> str:
 
 
 class Columns:
-    """The records of one segment, in file order: packed columns (the restore input of
-    ``msgindex``)."""
+    """The messages of one segment, in file order: packed columns (the restore input of
+    ``msgindex``). ``offset`` is their record's; ``length`` each one's share of it."""
 
     __slots__ = ("at", "length", "offset", "seq", "size")
 
     def __init__(self) -> None:
         self.seq = array("q")
-        self.offset = array("I")
-        self.length = array("I")
+        self.offset = array("I")  # of the record holding it
+        self.length = array("I")  # its share of the record's length (what ``free`` takes)
         self.size = array("I")  # payload bytes
         self.at = array("q")  # published_at ms
 
-    def add(self, rec: bytes | memoryview, offset: int) -> None:
-        _, _, length, seq, at, hlen = _REC.unpack_from(rec)
-        self.seq.append(seq)
-        self.offset.append(offset)
-        self.length.append(length)
-        self.size.append(length - REC_OVERHEAD - hlen)
-        self.at.append(at)
+    def add(self, rec: Record, offset: int) -> None:
+        n = rec.n
+        self.seq.extend(range(rec.first_seq, rec.first_seq + n))
+        self.offset.extend(array("I", [offset]) * n)
+        self.length.extend(rec.shares())
+        self.size.extend(rec.sizes())
+        self.at.extend(array("q", [rec.at]) * n)
 
     def _arrays(self) -> tuple[array[int], ...]:
         return self.seq, self.offset, self.length, self.size, self.at
@@ -159,40 +166,103 @@ def _le(a: array[int]) -> array[int]:
     return b
 
 
-def encode_record(seq: int, at: int, payload: bytes, headers: Mapping[str, str] | None) -> bytes:
-    hdr = msgpack.packb(dict(headers)) if headers else b""
-    size = REC_OVERHEAD + len(hdr) + len(payload)
-    rest = _REC.pack(REC_MAGIC, 0, size, seq, at, len(hdr))[_CRC_FROM:]
-    crc = zlib.crc32(payload, zlib.crc32(hdr, zlib.crc32(rest)))
-    return struct.pack("<II", REC_MAGIC, crc) + rest + hdr + payload
+def _u32s(values: Sequence[int]) -> bytes:
+    return _le(array("I", values)).tobytes()
 
 
-def check_record(
-    data: bytes | memoryview, path: str, offset: int, seq: int | None = None
-) -> tuple[int, int]:
-    """(seq, headers length) of the record that ``data`` is exactly; raises StorageCorrupt
-    naming ``path`` and ``offset`` when it is not intact (or not ``seq``)."""
+class Encoded:
+    """A record ready to append: its bytes, and per message its payload size and share."""
+
+    __slots__ = ("at", "data", "first_seq", "n", "shares", "sizes")
+
+    def __init__(
+        self, first_seq: int, at: int, payloads: Sequence[bytes], hdrs: Sequence[bytes] | None
+    ) -> None:
+        n = len(payloads)
+        sizes = list(map(len, payloads))
+        body = REC_OVERHEAD + PER_MESSAGE * n + sum(sizes)
+        if hdrs is None:  # no message has headers (the common case): one column of zeros
+            hcol = bytes(4 * n)
+            shares = [PER_MESSAGE + x for x in sizes]
+            parts = [_u32s(sizes), hcol, *payloads]
+        else:
+            hlens = list(map(len, hdrs))
+            body += sum(hlens)
+            shares = [PER_MESSAGE + x + h for x, h in zip(sizes, hlens, strict=True)]
+            parts = [_u32s(sizes), _u32s(hlens), *hdrs, *payloads]
+        shares[0] += REC_OVERHEAD  # the shares add up to the record's length
+        rest = _REST.pack(body, first_seq, n, at) + b"".join(parts)
+        self.data = struct.pack("<II", REC_MAGIC, zlib.crc32(rest)) + rest
+        self.first_seq, self.at, self.n, self.sizes, self.shares = first_seq, at, n, sizes, shares
+
+
+def encode_record(first_seq: int, at: int, items: Sequence[tuple[bytes, Headers]]) -> Encoded:
+    """One record of messages ``first_seq``, ``first_seq + 1``, ... published at ``at``."""
+    if not items:
+        raise ValueError("a record holds at least one message")
+    payloads, headers = zip(*items, strict=True)
+    if not any(headers):
+        return Encoded(first_seq, at, payloads, None)
+    return Encoded(first_seq, at, payloads, [msgpack.packb(dict(h)) if h else b"" for h in headers])
+
+
+class Record:
+    """A decoded record whose checksum and columns were checked: messages ``first_seq`` ..
+    ``first_seq + n - 1``; offsets into ``data`` of each one's headers and payload."""
+
+    __slots__ = ("at", "data", "first_seq", "hstart", "n", "offset", "path", "pstart")
+
+    def __init__(
+        self, data: bytes, where: tuple[str, int], head: tuple[int, ...], cols: Sequence[int]
+    ) -> None:
+        self.data, (self.path, self.offset) = data, where
+        self.first_seq, n, self.at = head
+        self.n = n
+        self.hstart = list(accumulate(cols[n:], initial=REC_OVERHEAD + PER_MESSAGE * n))
+        self.pstart = list(accumulate(cols[:n], initial=self.hstart[-1]))
+
+    def sizes(self) -> list[int]:
+        p = self.pstart
+        return [p[i + 1] - p[i] for i in range(self.n)]
+
+    def shares(self) -> list[int]:
+        p, h = self.pstart, self.hstart
+        out = [PER_MESSAGE + p[i + 1] - p[i] + h[i + 1] - h[i] for i in range(self.n)]
+        out[0] += REC_OVERHEAD
+        return out
+
+    def share(self, i: int) -> int:
+        p, h = self.pstart, self.hstart
+        return PER_MESSAGE + p[i + 1] - p[i] + h[i + 1] - h[i] + (REC_OVERHEAD if i == 0 else 0)
+
+    def raw(self, i: int) -> tuple[bytes, bytes]:
+        """(payload, packed headers or b"") of message ``first_seq + i``."""
+        p, h, d = self.pstart, self.hstart, self.data
+        return d[p[i] : p[i + 1]], d[h[i] : h[i + 1]]
+
+    def message(self, i: int) -> Message:
+        payload, hdr = self.raw(i)
+        return payload, (msgpack.unpackb(hdr, raw=False) if hdr else None)
+
+
+def decode_record(data: bytes, path: str, offset: int) -> Record:
+    """The record that ``data`` is exactly; raises StorageCorrupt naming ``path`` and
+    ``offset`` when it is not intact."""
     if len(data) < REC_OVERHEAD:
         raise StorageCorrupt(f"{path}: short record at offset {offset} ({len(data)} bytes)")
-    magic, crc, size, got, _, hlen = _REC.unpack_from(data)
-    if magic != REC_MAGIC or size != len(data) or REC_OVERHEAD + hlen > size:
+    magic, crc, size, first, n, at = _REC.unpack_from(data)
+    if magic != REC_MAGIC or size != len(data) or not 0 < n <= (size - REC_OVERHEAD) // 8:
         raise StorageCorrupt(f"{path}: bad record header at offset {offset}")
-    if zlib.crc32(data[_CRC_FROM:]) != crc:
+    if zlib.crc32(memoryview(data)[_CRC_FROM:]) != crc:
         raise StorageCorrupt(f"{path}: checksum mismatch in the record at offset {offset}")
-    if seq is not None and got != seq:
-        raise StorageCorrupt(f"{path}: record at offset {offset} is seq {got}, not {seq}")
-    return got, hlen
-
-
-def decode_record(
-    data: bytes | memoryview, path: str, offset: int, seq: int | None = None
-) -> tuple[int, bytes, dict[str, str] | None]:
-    """(seq, payload, headers) of the record that ``data`` is exactly; raises StorageCorrupt
-    naming ``path`` and ``offset`` when it is not intact (or not ``seq``)."""
-    got, hlen = check_record(data, path, offset, seq)
-    hdr = bytes(data[REC_OVERHEAD : REC_OVERHEAD + hlen])
-    headers = msgpack.unpackb(hdr, raw=False) if hlen else None
-    return got, bytes(data[REC_OVERHEAD + hlen :]), headers
+    cols = array("I")
+    cols.frombytes(data[REC_OVERHEAD : REC_OVERHEAD + PER_MESSAGE * n])
+    if sys.byteorder != "little":
+        cols.byteswap()
+    rec = Record(data, (path, offset), (first, n, at), cols)
+    if rec.pstart[-1] != size:
+        raise StorageCorrupt(f"{path}: the columns of the record at offset {offset} do not add up")
+    return rec
 
 
 class _Seg:
@@ -255,6 +325,8 @@ class SegmentStore:
         self._streams: dict[str, _Stream] = {}
         self._dropped: set[str] = set()  # keys never to be used again (in this process)
         self._readers: OrderedDict[str, ReadFile] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int], Record] = OrderedDict()  # (path, offset)
+        self._cached = 0  # bytes of the cached records
         self._names_dirty = False  # a segment was created since the last directory sync
         self._live_bytes = 0  # sum of the segments' live_bytes
         self._seg_bytes = 0  # sum of the segments' sizes
@@ -271,35 +343,24 @@ class SegmentStore:
     # ------------------------------------------------------------ appending and reading
 
     def append(
-        self,
-        key: str,
-        seq: int,
-        at: int,
-        payload: bytes,
-        headers: Mapping[str, str] | None = None,
+        self, key: str, seq: int, at: int, payload: bytes, headers: Headers = None
     ) -> tuple[int, int]:
-        """Append a record of message ``seq`` published at ``at`` (ms); returns its location
-        and length (what ``read`` needs)."""
-        return self.append_raw(key, encode_record(seq, at, payload, headers))
+        """Append message ``seq`` published at ``at`` (ms), a record of its own; returns its
+        location and length (what ``read`` and ``free`` take)."""
+        locs, shares = self._put(key, encode_record(seq, at, [(payload, headers)]))
+        return locs[0], shares[0]
 
     def append_batch(
-        self,
-        key: str,
-        first_seq: int,
-        at: int,
-        items: Sequence[tuple[bytes, Mapping[str, str] | None]],
+        self, key: str, first_seq: int, at: int, items: Sequence[tuple[bytes, Headers]]
     ) -> tuple[list[int], list[int]]:
-        """Append messages ``first_seq``, ``first_seq + 1``, ... published at ``at``; returns
-        each one's location and length (what ``read`` and ``free`` take)."""
-        locs: list[int] = []
-        lengths: list[int] = []
-        for i, (payload, headers) in enumerate(items):
-            loc, n = self.append_raw(key, encode_record(first_seq + i, at, payload, headers))
-            locs.append(loc)
-            lengths.append(n)
-        return locs, lengths
+        """Append messages ``first_seq``, ``first_seq + 1``, ... published at ``at`` as one
+        record; returns per message its location (the record's) and its share of the record's
+        length (the shares add up to it): what ``read`` and ``free`` take."""
+        if not items:
+            return [], []
+        return self._put(key, encode_record(first_seq, at, items))
 
-    def append_raw(self, key: str, rec: bytes) -> tuple[int, int]:
+    def _put(self, key: str, rec: Encoded) -> tuple[list[int], list[int]]:
         self._check()
         st = self._streams.get(key)
         if st is None:
@@ -309,23 +370,60 @@ class SegmentStore:
             seg = self._roll(st)
         loc = location(seg.segno, seg.size)
         if seg.cols is not None:
-            seg.cols.add(rec, seg.size)
-        seg.buf += rec
-        seg.size += len(rec)
-        seg.live += 1
-        seg.live_bytes += len(rec)
-        self._live_bytes += len(rec)
-        self._seg_bytes += len(rec)
+            c, n = seg.cols, rec.n
+            c.seq.extend(range(rec.first_seq, rec.first_seq + n))
+            c.offset.extend(array("I", [seg.size]) * n)
+            c.length.extend(rec.shares)
+            c.size.extend(rec.sizes)
+            c.at.extend(array("q", [rec.at]) * n)
+        size = len(rec.data)
+        seg.buf += rec.data
+        seg.size += size
+        seg.live += rec.n
+        seg.live_bytes += size
+        self._live_bytes += size
+        self._seg_bytes += size
         if len(seg.buf) >= self.flush_bytes:
             self._flush(seg)
-        return loc, len(rec)
+        return [loc] * rec.n, rec.shares
 
-    def read(
-        self, key: str, seq: int, loc: int, length: int
-    ) -> tuple[bytes, dict[str, str] | None]:
-        """The payload and headers of record ``seq`` at ``loc``; StorageCorrupt naming the file
-        when it is missing, short or damaged, never another record's payload."""
+    def read(self, key: str, seq: int, loc: int, length: int) -> Message:
+        """The payload and headers of message ``seq`` in the record at ``loc`` (``length``: its
+        share); StorageCorrupt naming the file when it is missing, short or damaged, never
+        another message's payload."""
         self._check()
+        rec = self._record(key, seq, loc)
+        return rec.message(self._index(rec, seq, length))
+
+    def read_batch(self, key: str, items: Iterable[tuple[int, int, int]]) -> list[Message]:
+        """``read`` of each ``(seq, location, length)``; a record read and checked once serves
+        all of its messages (the cache keeps the recent ones)."""
+        self._check()
+        out = []
+        last, rec = -1, None
+        for seq, loc, length in items:
+            if loc != last or rec is None:
+                rec, last = self._record(key, seq, loc), loc
+            out.append(rec.message(self._index(rec, seq, length)))
+        return out
+
+    @staticmethod
+    def _index(rec: Record, seq: int, length: int) -> int:
+        i = seq - rec.first_seq
+        if not 0 <= i < rec.n:
+            raise StorageCorrupt(
+                f"{rec.path}: record at offset {rec.offset} holds seqs"
+                f" {rec.first_seq}..{rec.first_seq + rec.n - 1}, not {seq}"
+            )
+        if rec.share(i) != length:
+            raise StorageCorrupt(
+                f"{rec.path}: seq {seq} at offset {rec.offset} has length"
+                f" {rec.share(i)}, not {length}"
+            )
+        return i
+
+    def _record(self, key: str, seq: int, loc: int) -> Record:
+        """The checked record at ``loc``, from the cache or the segment."""
         segno, off = loc >> 32, loc & 0xFFFF_FFFF
         st = self._streams.get(key)
         seg = st.segs.get(segno) if st is not None else None
@@ -335,18 +433,46 @@ class SegmentStore:
                 seg = self._gone.get(path)
             if seg is None:
                 raise StorageCorrupt(f"{path}: no such segment (reading seq {seq})")
+        rec = self._cache.get((seg.path, off))
+        if rec is not None:
+            self._cache.move_to_end((seg.path, off))
+            return rec
+        if off < SEG_HEAD or off + REC_OVERHEAD > seg.size:
+            raise StorageCorrupt(f"{seg.path}: no record at offset {off} ({seg.size} bytes)")
+        magic, _, length = struct.unpack("<III", self._bytes(seg, off, 12))
+        if magic != REC_MAGIC or length < REC_OVERHEAD:
+            raise StorageCorrupt(f"{seg.path}: bad record header at offset {off}")
         if off + length > seg.size:
             raise StorageCorrupt(
                 f"{seg.path}: record at offset {off} ends past the segment ({seg.size} bytes)"
             )
+        rec = decode_record(self._bytes(seg, off, length), seg.path, off)
+        self._remember((seg.path, off), rec)
+        return rec
+
+    def _bytes(self, seg: _Seg, off: int, size: int) -> bytes:
         if off >= seg.flushed:
-            data = bytes(seg.buf[off - seg.flushed : off - seg.flushed + length])
-        else:
-            if off + length > seg.flushed:
-                self._flush(seg)
-            data = self._pread(seg.path, length, off)
-        _, payload, headers = decode_record(data, seg.path, off, seq)
-        return payload, headers
+            return bytes(seg.buf[off - seg.flushed : off - seg.flushed + size])
+        if off + size > seg.flushed:
+            self._flush(seg)
+        data = self._pread(seg.path, size, off)
+        if len(data) != size:
+            raise StorageCorrupt(f"{seg.path}: short read of {size} bytes at offset {off}")
+        return data
+
+    def _remember(self, where: tuple[str, int], rec: Record) -> None:
+        size = len(rec.data)
+        if size > CACHE_BYTES:
+            return
+        cache = self._cache
+        cache[where] = rec
+        self._cached += size
+        while len(cache) > CACHE_RECORDS or self._cached > CACHE_BYTES:
+            self._cached -= len(cache.popitem(last=False)[1].data)
+
+    def _forget_records(self) -> None:
+        self._cache.clear()
+        self._cached = 0
 
     def _pread(self, path: str, size: int, offset: int) -> bytes:
         f = self._readers.get(path)
@@ -429,10 +555,11 @@ class SegmentStore:
     def compact(
         self, key: str, segno: int, is_live: Callable[[int, int], bool]
     ) -> dict[int, tuple[int, int]]:
-        """Copy the live records of a segment (``is_live(seq, loc)``: the caller's index still
-        points there) to the stream's tail, retire the segment, and return ``{seq: new
-        location, length}`` for the caller's index. Deterministic: the
-        same files and index give the same result on every replica."""
+        """Copy the live messages of a segment (``is_live(seq, loc)``: the caller's index still
+        points at that record) to the stream's tail, each run of consecutive live messages of
+        a record as a new record, retire the segment, and return ``{seq: (new location,
+        length)}`` for the caller's index. Deterministic: the same files and index give the
+        same result on every replica."""
         self._check()
         st = self._streams[key]
         seg = st.segs[segno]
@@ -441,13 +568,20 @@ class SegmentStore:
         self._flush(seg)
         data = self._pread(seg.path, seg.size, 0)
         moved: dict[int, tuple[int, int]] = {}
-        for off, rec in self._records(seg, data):
-            seq = check_record(rec, seg.path, off)[0]
-            if is_live(seq, location(segno, off)):
-                moved[seq] = self.append_raw(key, bytes(rec))
+        for rec in self._records(seg, data):
+            loc = location(segno, rec.offset)
+            live = [i for i in range(rec.n) if is_live(rec.first_seq + i, loc)]
+            for run in _runs(live):
+                raws = [rec.raw(i) for i in run]
+                hdrs = [h for _, h in raws]
+                new = Encoded(rec.first_seq + run[0], rec.at, [p for p, _ in raws],
+                              hdrs if any(hdrs) else None)  # fmt: skip
+                locs, shares = self._put(key, new)
+                for i, new_loc, share in zip(run, locs, shares, strict=True):
+                    moved[rec.first_seq + i] = (new_loc, share)
         if len(moved) != seg.live:  # a bug, not bad luck: stop before anything is lost
             self._broken = StorageError(
-                f"{seg.path}: {len(moved)} live records found, {seg.live} expected:"
+                f"{seg.path}: {len(moved)} live messages found, {seg.live} expected:"
                 " the index and the store disagree"
             )
             raise self._broken
@@ -728,15 +862,14 @@ class SegmentStore:
         self._flush(seg)
         data = self._pread(seg.path, seg.size, 0)
         cols = Columns()
-        for off, rec in self._records(seg, data):
-            check_record(rec, seg.path, off)
-            cols.add(rec, off)
+        for rec in self._records(seg, data):
+            cols.add(rec, rec.offset)
         return cols
 
-    def _records(self, seg: _Seg, data: bytes) -> Iterator[tuple[int, memoryview]]:
+    def _records(self, seg: _Seg, data: bytes) -> Iterator[Record]:
+        """The records of a segment's bytes, each checked."""
         if len(data) != seg.size:
             raise StorageCorrupt(f"{seg.path}: {len(data)} bytes on disk, expected {seg.size}")
-        view = memoryview(data)
         off = SEG_HEAD
         while off < seg.size:
             if off + REC_OVERHEAD > seg.size:
@@ -744,7 +877,7 @@ class SegmentStore:
             length = _REC.unpack_from(data, off)[2]
             if length < REC_OVERHEAD:
                 raise StorageCorrupt(f"{seg.path}: bad record header at offset {off}")
-            yield off, view[off : off + length]
+            yield decode_record(data[off : off + length], seg.path, off)
             off += length
 
     def _flush(self, seg: _Seg) -> None:
@@ -786,6 +919,7 @@ class SegmentStore:
                 r.close()
 
     def _close_all(self) -> None:
+        self._forget_records()
         for st in self._streams.values():
             for seg in st.segs.values():
                 self._close_writer(seg)
@@ -913,6 +1047,18 @@ class StoreImporter:
         for name in self.disk.listdir(self.dir):
             with contextlib.suppress(OSError):
                 self.disk.remove(os.path.join(self.dir, name))
+
+
+def _runs(indexes: list[int]) -> Iterator[list[int]]:
+    """Runs of consecutive numbers of an ascending list."""
+    run: list[int] = []
+    for i in indexes:
+        if run and i != run[-1] + 1:
+            yield run
+            run = []
+        run.append(i)
+    if run:
+        yield run
 
 
 def files_of(marks: Sequence[Sequence[Any]]) -> list[str]:
