@@ -57,6 +57,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate
+from operator import add, itemgetter
 from typing import Any, Protocol
 
 import msgpack
@@ -83,7 +84,7 @@ KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _NAME_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,199})~([0-9]{8,})\.seg")
 _IDX_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,199})~([0-9]{8,})\.idx")
 IDX_MAGIC = b"RAFTQI2\n"
-_IDX = struct.Struct("<QQQI")  # segno and size of the segment described, messages, crc32
+_IDX = struct.Struct("<QQQQI")  # segno and size of the segment described, records, messages, crc
 _FRAME = struct.Struct("<HQI")  # export frame: name length, offset, data length
 COMPLETE = "COMPLETE"  # an import's staging directory holds every file, synced
 
@@ -110,32 +111,47 @@ def idx_name(key: str, segno: int) -> str:
 
 
 class Columns:
-    """The messages of one segment, in file order: packed columns (the restore input of
-    ``msgindex``). ``offset`` is their record's; ``length`` each one's share of it."""
+    """The messages of one segment, in file order, as packed columns (the restore input of
+    ``msgindex``): per record its first seq, message count, offset and publish time (its
+    messages have consecutive seqs); per message its length (its share of the record, what
+    ``free`` takes) and payload size. Per record, so appending a batch costs no work per
+    message here."""
 
-    __slots__ = ("at", "length", "offset", "seq", "size")
+    __slots__ = ("at", "count", "first", "length", "offset", "size")
 
     def __init__(self) -> None:
-        self.seq = array("q")
-        self.offset = array("I")  # of the record holding it
-        self.length = array("I")  # its share of the record's length (what ``free`` takes)
-        self.size = array("I")  # payload bytes
-        self.at = array("q")  # published_at ms
+        self.first = array("q")  # per record: seq of its first message
+        self.count = array("I")  # ... its messages
+        self.offset = array("I")  # ... its offset in the segment
+        self.at = array("q")  # ... published_at ms
+        self.length = array("I")  # per message: its share of its record's length
+        self.size = array("I")  # ... payload bytes
 
-    def add(self, rec: Record, offset: int) -> None:
-        n = rec.n
-        self.seq.extend(range(rec.first_seq, rec.first_seq + n))
-        self.offset.extend(array("I", [offset]) * n)
-        self.length.extend(rec.shares())
-        self.size.extend(rec.sizes())
-        self.at.extend(array("q", [rec.at]) * n)
+    def __len__(self) -> int:
+        return len(self.length)
+
+    def add(self, first: int, at: int, offset: int, lengths: array[int], sizes: array[int]) -> None:
+        self.first.append(first)
+        self.count.append(len(sizes))
+        self.offset.append(offset)
+        self.at.append(at)
+        self.length.extend(lengths)
+        self.size.extend(sizes)
+
+    def rows(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """(seq, its record's offset, length, payload size, published_at) per message."""
+        j = 0
+        for first, n, off, at in zip(self.first, self.count, self.offset, self.at, strict=True):
+            for i in range(n):
+                yield first + i, off, self.length[j + i], self.size[j + i], at
+            j += n
 
     def _arrays(self) -> tuple[array[int], ...]:
-        return self.seq, self.offset, self.length, self.size, self.at
+        return self.first, self.count, self.offset, self.at, self.length, self.size
 
     def encode(self, segno: int, seg_size: int) -> bytes:
         cols = b"".join(_le(a).tobytes() for a in self._arrays())
-        head = _IDX.pack(segno, seg_size, len(self.seq), zlib.crc32(cols))
+        head = _IDX.pack(segno, seg_size, len(self.first), len(self.length), zlib.crc32(cols))
         return IDX_MAGIC + head + cols
 
     @classmethod
@@ -144,18 +160,22 @@ class Columns:
         head = len(IDX_MAGIC) + _IDX.size
         if len(data) < head or not data.startswith(IDX_MAGIC):
             return None
-        got, size, n, crc = _IDX.unpack_from(data, len(IDX_MAGIC))
+        got, size, records, messages, crc = _IDX.unpack_from(data, len(IDX_MAGIC))
         cols = memoryview(data)[head:]
         c = cls()
-        if (got, size) != (segno, seg_size) or len(cols) != n * 28 or zlib.crc32(cols) != crc:
+        if (
+            (got, size) != (segno, seg_size)
+            or len(cols) != records * 24 + messages * 8
+            or zlib.crc32(cols) != crc
+        ):
             return None
         off = 0
-        for a in c._arrays():
+        for a, n in zip(c._arrays(), (records,) * 4 + (messages,) * 2, strict=True):
             a.frombytes(cols[off : off + n * a.itemsize])
             off += n * a.itemsize
             if sys.byteorder != "little":
                 a.byteswap()
-        return c
+        return c if sum(c.count) == messages else None
 
 
 def _le(a: array[int]) -> array[int]:
@@ -166,74 +186,82 @@ def _le(a: array[int]) -> array[int]:
     return b
 
 
-def _u32s(values: Sequence[int]) -> bytes:
-    return _le(array("I", values)).tobytes()
+_HEADERS = itemgetter(1)
 
 
 class Encoded:
-    """A record ready to append: its bytes, and per message its payload size and share."""
+    """A record ready to append (``head`` + ``body``), and per message its payload size and
+    length: its share of the record's length, payload plus packed headers, the first one
+    also carrying the record's fixed part and columns, so the shares add up to the record."""
 
-    __slots__ = ("at", "data", "first_seq", "n", "shares", "sizes")
+    __slots__ = ("at", "body", "first_seq", "head", "n", "shares", "shares_col", "sizes")
 
     def __init__(
         self, first_seq: int, at: int, payloads: Sequence[bytes], hdrs: Sequence[bytes] | None
     ) -> None:
         n = len(payloads)
-        sizes = list(map(len, payloads))
-        body = REC_OVERHEAD + PER_MESSAGE * n + sum(sizes)
-        if hdrs is None:  # no message has headers (the common case): one column of zeros
-            hcol = bytes(4 * n)
-            shares = [PER_MESSAGE + x for x in sizes]
-            parts = [_u32s(sizes), hcol, *payloads]
+        sizes = array("I", map(len, payloads))
+        fixed = REC_OVERHEAD + PER_MESSAGE * n
+        if hdrs is None:  # no message has headers (the common case): a column of zeros
+            shares = sizes.tolist()
+            body = b"".join([_le(sizes).tobytes(), bytes(4 * n), *payloads])
         else:
-            hlens = list(map(len, hdrs))
-            body += sum(hlens)
-            shares = [PER_MESSAGE + x + h for x, h in zip(sizes, hlens, strict=True)]
-            parts = [_u32s(sizes), _u32s(hlens), *hdrs, *payloads]
-        shares[0] += REC_OVERHEAD  # the shares add up to the record's length
-        rest = _REST.pack(body, first_seq, n, at) + b"".join(parts)
-        self.data = struct.pack("<II", REC_MAGIC, zlib.crc32(rest)) + rest
-        self.first_seq, self.at, self.n, self.sizes, self.shares = first_seq, at, n, sizes, shares
+            hlens = array("I", map(len, hdrs))
+            shares = list(map(add, sizes, hlens))
+            body = b"".join([_le(sizes).tobytes(), _le(hlens).tobytes(), *hdrs, *payloads])
+        shares[0] += fixed
+        rest = _REST.pack(len(body) + REC_OVERHEAD, first_seq, n, at)
+        crc = zlib.crc32(body, zlib.crc32(rest))
+        self.head = struct.pack("<II", REC_MAGIC, crc) + rest
+        self.body, self.first_seq, self.at, self.n = body, first_seq, at, n
+        self.sizes, self.shares = sizes, shares
+        col = self.shares_col = array("I", sizes) if hdrs is None else array("I", shares)
+        if hdrs is None:  # a copy of the sizes (C speed), then the first one's fixed part
+            col[0] += fixed
 
 
 def encode_record(first_seq: int, at: int, items: Sequence[tuple[bytes, Headers]]) -> Encoded:
     """One record of messages ``first_seq``, ``first_seq + 1``, ... published at ``at``."""
     if not items:
         raise ValueError("a record holds at least one message")
-    payloads, headers = zip(*items, strict=True)
-    if not any(headers):
+    payloads = [p for p, _ in items]
+    if not any(map(_HEADERS, items)):
         return Encoded(first_seq, at, payloads, None)
-    return Encoded(first_seq, at, payloads, [msgpack.packb(dict(h)) if h else b"" for h in headers])
+    hdrs = [msgpack.packb(dict(h)) if h else b"" for _, h in items]
+    return Encoded(first_seq, at, payloads, hdrs)
 
 
 class Record:
     """A decoded record whose checksum and columns were checked: messages ``first_seq`` ..
     ``first_seq + n - 1``; offsets into ``data`` of each one's headers and payload."""
 
-    __slots__ = ("at", "data", "first_seq", "hstart", "n", "offset", "path", "pstart")
+    __slots__ = ("at", "cols", "data", "first_seq", "hstart", "n", "offset", "path", "pstart")
 
     def __init__(
-        self, data: bytes, where: tuple[str, int], head: tuple[int, ...], cols: Sequence[int]
+        self, data: bytes, where: tuple[str, int], head: tuple[int, int, int], cols: array[int]
     ) -> None:
         self.data, (self.path, self.offset) = data, where
         self.first_seq, n, self.at = head
-        self.n = n
+        self.n, self.cols = n, cols  # payload sizes, then headers lengths
         self.hstart = list(accumulate(cols[n:], initial=REC_OVERHEAD + PER_MESSAGE * n))
         self.pstart = list(accumulate(cols[:n], initial=self.hstart[-1]))
 
-    def sizes(self) -> list[int]:
-        p = self.pstart
-        return [p[i + 1] - p[i] for i in range(self.n)]
+    def sizes(self) -> array[int]:
+        return self.cols[: self.n]
 
-    def shares(self) -> list[int]:
-        p, h = self.pstart, self.hstart
-        out = [PER_MESSAGE + p[i + 1] - p[i] + h[i + 1] - h[i] for i in range(self.n)]
-        out[0] += REC_OVERHEAD
+    def shares(self) -> array[int]:
+        n = self.n
+        if self.hstart[-1] == self.hstart[0]:  # no headers
+            out = self.cols[:n]
+        else:
+            out = array("I", map(add, self.cols[:n], self.cols[n:]))
+        out[0] += REC_OVERHEAD + PER_MESSAGE * n
         return out
 
     def share(self, i: int) -> int:
         p, h = self.pstart, self.hstart
-        return PER_MESSAGE + p[i + 1] - p[i] + h[i + 1] - h[i] + (REC_OVERHEAD if i == 0 else 0)
+        fixed = REC_OVERHEAD + PER_MESSAGE * self.n if i == 0 else 0
+        return p[i + 1] - p[i] + h[i + 1] - h[i] + fixed
 
     def raw(self, i: int) -> tuple[bytes, bytes]:
         """(payload, packed headers or b"") of message ``first_seq + i``."""
@@ -369,23 +397,20 @@ class SegmentStore:
         if seg is None or seg.size >= self.segment_bytes:
             seg = self._roll(st)
         loc = location(seg.segno, seg.size)
-        if seg.cols is not None:
-            c, n = seg.cols, rec.n
-            c.seq.extend(range(rec.first_seq, rec.first_seq + n))
-            c.offset.extend(array("I", [seg.size]) * n)
-            c.length.extend(rec.shares)
-            c.size.extend(rec.sizes)
-            c.at.extend(array("q", [rec.at]) * n)
-        size = len(rec.data)
-        seg.buf += rec.data
+        n = rec.n
+        if seg.cols is not None:  # array to array: copies, no work per message
+            seg.cols.add(rec.first_seq, rec.at, seg.size, rec.shares_col, rec.sizes)
+        size = REC_OVERHEAD + len(rec.body)
+        seg.buf += rec.head
+        seg.buf += rec.body
         seg.size += size
-        seg.live += rec.n
+        seg.live += n
         seg.live_bytes += size
         self._live_bytes += size
         self._seg_bytes += size
         if len(seg.buf) >= self.flush_bytes:
             self._flush(seg)
-        return [loc] * rec.n, rec.shares
+        return [loc] * n, rec.shares
 
     def read(self, key: str, seq: int, loc: int, length: int) -> Message:
         """The payload and headers of message ``seq`` in the record at ``loc`` (``length``: its
@@ -863,7 +888,7 @@ class SegmentStore:
         data = self._pread(seg.path, seg.size, 0)
         cols = Columns()
         for rec in self._records(seg, data):
-            cols.add(rec, rec.offset)
+            cols.add(rec.first_seq, rec.at, rec.offset, rec.shares(), rec.sizes())
         return cols
 
     def _records(self, seg: _Seg, data: bytes) -> Iterator[Record]:
