@@ -9,8 +9,8 @@ Measures on one core, through the real file system (``OsDisk``):
 - append_batch: the cost per message of ``append_batch`` (one record per call) for batches of
   1, 10 and 100 messages of 100 B and 1 KiB (no headers; then 100 x 100 B with a header map on
   one in ten), with reads of the same messages one by one, by ``read_batch`` of 100 (where the
-  store has it) and at random. ``PYTHONPATH=<other checkout>/cluster`` runs it against another
-  version of the store (the A/B);
+  store has it) and at random; ``--versus <other checkout>`` runs each case with the other
+  checkout's store and then this one's, in fresh processes (the A/B);
 - append: ``SegmentStore.append`` of --messages x --payload bytes (a header map on every tenth),
   then one ``sync()`` (fdatasync of every segment); messages/s and MB/s, sync time;
 - read: every message read back in seq order, and 200k at random (page cache warm);
@@ -31,6 +31,8 @@ import gc
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -96,6 +98,18 @@ def bench_append(n: int, payload_size: int, batch: int, headers_every: int, dire
     t1 = time.perf_counter()
     print(f"{line}; at random {1e6 * (t1 - t0) / len(picks):6.3f} us/msg")
     s.close()
+
+
+def _versus(other: str, case: tuple[int, int, int], n: int) -> None:
+    """One case with the other checkout's store, then with this one's (fresh processes)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for label, root in (("before", other), ("after ", here)):
+        env = dict(os.environ, PYTHONPATH=os.path.join(os.path.abspath(root), "cluster"))
+        cmd = [sys.executable, os.path.abspath(__file__), "--case", ",".join(map(str, case))]
+        out = subprocess.run(
+            [*cmd, "--batch-messages", str(n)], env=env, check=True, capture_output=True, text=True
+        ).stdout
+        print("\n".join(f"{label} {line}" for line in out.splitlines()))
 
 
 def bench_store(n: int, payload_size: int, directory: str) -> None:
@@ -243,15 +257,29 @@ def main() -> None:
     ap.add_argument("--dedup-keys", type=int, default=1_000_000)
     ap.add_argument("--batch-messages", type=int, default=300_000)
     ap.add_argument("--only-batches", action="store_true", help="skip everything else")
+    ap.add_argument(
+        "--versus",
+        metavar="CHECKOUT",
+        help="A/B: run each append_batch case with the store of CHECKOUT (another checkout of"
+        " raftq), then with this one's, each in a fresh process, alternating",
+    )
+    ap.add_argument("--case", help=argparse.SUPPRESS)  # size,batch,headers_every (--versus)
     ap.add_argument("--dir", default=None, help="where the segments go (default: a temp dir)")
     args = ap.parse_args()
     directory = tempfile.mkdtemp(prefix="raftq-segbench-", dir=args.dir)
+    cases = [(size, batch, 0) for size in (100, 1024) for batch in (1, 10, 100)]
+    cases.append((100, 100, 10))
     try:
-        for size in (100, 1024):
-            for batch in (1, 10, 100):
-                bench_append(args.batch_messages, size, batch, 0, directory)
-        bench_append(args.batch_messages, 100, 100, 10, directory)
-        if args.only_batches:
+        if args.case:
+            size, batch, every = map(int, args.case.split(","))
+            bench_append(args.batch_messages, size, batch, every, directory)
+            return
+        for case in cases:
+            if args.versus:
+                _versus(args.versus, case, args.batch_messages)
+            else:
+                bench_append(args.batch_messages, *case[:2], case[2], directory)
+        if args.only_batches or args.versus:
             return
         shutil.rmtree(directory, ignore_errors=True)
         bench_store(args.messages, args.payload, directory)

@@ -700,16 +700,21 @@ def test_a_record_is_read_and_checked_once_for_all_of_its_messages(tmp_path: Pat
     locs, lengths = s.append_batch("t.1", 1, AT, items)
     s.marks()  # written to the file
     got = s.read_batch("t.1", [(1 + i, locs[i], lengths[i]) for i in range(100)])
-    assert got == items and disk.preads == 2, "its header, then the record"
+    assert got == items and disk.preads == 2, "a first guess, then the rest"
     assert [s.read("t.1", 1 + i, locs[i], lengths[i]) for i in range(100)] == items
     assert disk.preads == 2, "the cache served the second pass"
     many = [s.append("t.1", 101 + i, AT, b"m") for i in range(40)]
     s.marks()
     for i, (loc, n) in enumerate(many):
         assert s.read("t.1", 101 + i, loc, n) == (b"m", None)
+    assert len(s._cache) == 1, "records of one message are not kept"
+    more = [s.append_batch("t.1", 141 + 2 * i, AT, [(b"a", None), (b"b", None)]) for i in range(40)]
+    s.marks()
+    for i, (locs2, lengths2) in enumerate(more):
+        assert s.read("t.1", 141 + 2 * i, locs2[0], lengths2[0]) == (b"a", None)
     assert len(s._cache) == 32, "the cache is bounded"
     s.read("t.1", 1, locs[0], lengths[0])
-    assert disk.preads == 2 + 80 + 2, "the first record was dropped and read again"
+    assert disk.preads == 2 + 40 + 40 + 2, "the first record was dropped and read again"
 
 
 def test_a_restore_forgets_the_records_read_before_it(tmp_path: Path) -> None:

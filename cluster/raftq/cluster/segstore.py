@@ -69,12 +69,15 @@ FLUSH_BYTES = 256 << 10  # appends are buffered per stream up to this much, then
 READERS = 64  # open read handles kept (least recently used closed first)
 CACHE_RECORDS = 32  # decoded records kept for reads (least recently used dropped first)
 CACHE_BYTES = 16 << 20  # ... and at most this many of their bytes
+READ_AHEAD = 256  # a read of a record not cached reads at least this much at once
 EXPORT_CHUNK = 1 << 20
 SEG_MAGIC = b"RAFTQS2\n"
 _SEG = struct.Struct("<Q")  # segno
 SEG_HEAD = len(SEG_MAGIC) + _SEG.size
 REC_MAGIC = 0x3251_5352  # "RSQ2"
 _REC = struct.Struct("<IIIQIQ")  # magic, crc32(rest), record length, first seq, messages, at
+_HEAD = struct.Struct("<III")  # magic, crc32, record length
+_ONE = struct.Struct("<II")  # the columns of a record of one message
 _REST = struct.Struct("<IQIQ")  # the same from the length on (what the CRC starts with)
 REC_OVERHEAD = _REC.size
 PER_MESSAGE = 8  # column bytes a message adds: payload size u32, headers length u32
@@ -232,31 +235,29 @@ def encode_record(first_seq: int, at: int, items: Sequence[tuple[bytes, Headers]
 
 
 class Record:
-    """A decoded record whose checksum and columns were checked: messages ``first_seq`` ..
-    ``first_seq + n - 1``; offsets into ``data`` of each one's headers and payload."""
+    """A decoded record whose checksum and columns were checked (``decode_record``): messages
+    ``first_seq`` .. ``first_seq + n - 1``; offsets into ``data`` of each one's headers
+    (``hstart[i]`` .. ``hstart[i + 1]``) and payload (``pstart``)."""
 
-    __slots__ = ("at", "cols", "data", "first_seq", "hstart", "n", "offset", "path", "pstart")
+    __slots__ = ("at", "data", "first_seq", "hstart", "n", "offset", "path", "pstart")
 
     def __init__(
-        self, data: bytes, where: tuple[str, int], head: tuple[int, int, int], cols: array[int]
+        self,
+        data: bytes,
+        where: tuple[str, int],
+        head: tuple[int, int, int],
+        hstart: list[int],
+        pstart: list[int],
     ) -> None:
-        self.data, (self.path, self.offset) = data, where
-        self.first_seq, n, self.at = head
-        self.n, self.cols = n, cols  # payload sizes, then headers lengths
-        self.hstart = list(accumulate(cols[n:], initial=REC_OVERHEAD + PER_MESSAGE * n))
-        self.pstart = list(accumulate(cols[:n], initial=self.hstart[-1]))
+        self.data, (self.path, self.offset), (self.first_seq, self.n, self.at) = data, where, head
+        self.hstart, self.pstart = hstart, pstart
 
     def sizes(self) -> array[int]:
-        return self.cols[: self.n]
+        p = self.pstart
+        return array("I", [p[i + 1] - p[i] for i in range(self.n)])
 
     def shares(self) -> array[int]:
-        n = self.n
-        if self.hstart[-1] == self.hstart[0]:  # no headers
-            out = self.cols[:n]
-        else:
-            out = array("I", map(add, self.cols[:n], self.cols[n:]))
-        out[0] += REC_OVERHEAD + PER_MESSAGE * n
-        return out
+        return array("I", [self.share(i) for i in range(self.n)])
 
     def share(self, i: int) -> int:
         p, h = self.pstart, self.hstart
@@ -283,14 +284,20 @@ def decode_record(data: bytes, path: str, offset: int) -> Record:
         raise StorageCorrupt(f"{path}: bad record header at offset {offset}")
     if zlib.crc32(memoryview(data)[_CRC_FROM:]) != crc:
         raise StorageCorrupt(f"{path}: checksum mismatch in the record at offset {offset}")
-    cols = array("I")
-    cols.frombytes(data[REC_OVERHEAD : REC_OVERHEAD + PER_MESSAGE * n])
-    if sys.byteorder != "little":
-        cols.byteswap()
-    rec = Record(data, (path, offset), (first, n, at), cols)
-    if rec.pstart[-1] != size:
+    fixed = REC_OVERHEAD + PER_MESSAGE * n
+    if n == 1:  # the common single message: no arrays
+        psize, hlen = _ONE.unpack_from(data, REC_OVERHEAD)
+        hstart, pstart = [fixed, fixed + hlen], [fixed + hlen, fixed + hlen + psize]
+    else:
+        cols = array("I")
+        cols.frombytes(data[REC_OVERHEAD:fixed])
+        if sys.byteorder != "little":
+            cols.byteswap()
+        hstart = list(accumulate(cols[n:], initial=fixed))
+        pstart = list(accumulate(cols[:n], initial=hstart[-1]))
+    if pstart[-1] != size:
         raise StorageCorrupt(f"{path}: the columns of the record at offset {offset} do not add up")
-    return rec
+    return Record(data, (path, offset), (first, n, at), hstart, pstart)
 
 
 class _Seg:
@@ -417,7 +424,7 @@ class SegmentStore:
         share); StorageCorrupt naming the file when it is missing, short or damaged, never
         another message's payload."""
         self._check()
-        rec = self._record(key, seq, loc)
+        rec = self._record(key, seq, loc, length)
         return rec.message(self._index(rec, seq, length))
 
     def read_batch(self, key: str, items: Iterable[tuple[int, int, int]]) -> list[Message]:
@@ -428,7 +435,7 @@ class SegmentStore:
         last, rec = -1, None
         for seq, loc, length in items:
             if loc != last or rec is None:
-                rec, last = self._record(key, seq, loc), loc
+                rec, last = self._record(key, seq, loc, length), loc
             out.append(rec.message(self._index(rec, seq, length)))
         return out
 
@@ -447,8 +454,9 @@ class SegmentStore:
             )
         return i
 
-    def _record(self, key: str, seq: int, loc: int) -> Record:
-        """The checked record at ``loc``, from the cache or the segment."""
+    def _record(self, key: str, seq: int, loc: int, hint: int) -> Record:
+        """The checked record at ``loc``, from the cache or the segment (``hint``: a length
+        it has at least)."""
         segno, off = loc >> 32, loc & 0xFFFF_FFFF
         st = self._streams.get(key)
         seg = st.segs.get(segno) if st is not None else None
@@ -464,15 +472,22 @@ class SegmentStore:
             return rec
         if off < SEG_HEAD or off + REC_OVERHEAD > seg.size:
             raise StorageCorrupt(f"{seg.path}: no record at offset {off} ({seg.size} bytes)")
-        magic, _, length = struct.unpack("<III", self._bytes(seg, off, 12))
+        # one read in the common case: a record of one message is as long as its length
+        data = self._bytes(seg, off, min(max(hint, READ_AHEAD), seg.size - off))
+        magic, _, length = _HEAD.unpack_from(data)
         if magic != REC_MAGIC or length < REC_OVERHEAD:
             raise StorageCorrupt(f"{seg.path}: bad record header at offset {off}")
         if off + length > seg.size:
             raise StorageCorrupt(
                 f"{seg.path}: record at offset {off} ends past the segment ({seg.size} bytes)"
             )
-        rec = decode_record(self._bytes(seg, off, length), seg.path, off)
-        self._remember((seg.path, off), rec)
+        if length < len(data):
+            data = data[:length]
+        elif length > len(data):
+            data += self._bytes(seg, off + len(data), length - len(data))
+        rec = decode_record(data, seg.path, off)
+        if rec.n > 1:  # a record of one message is read again only by a retry
+            self._remember((seg.path, off), rec)
         return rec
 
     def _bytes(self, seg: _Seg, off: int, size: int) -> bytes:
