@@ -65,11 +65,13 @@ def bench_append(n: int, payload_size: int, batch: int, headers_every: int, dire
     seq = 1
     gc.collect()
     t0 = time.perf_counter()
+    done = []
     for items in batches:
-        locs, shares = s.append_batch("bench.1", seq, AT + seq, items)
-        where.extend(zip(range(seq, seq + len(items)), locs, shares, strict=True))
+        done.append((seq, s.append_batch("bench.1", seq, AT + seq, items)))
         seq += len(items)
     t1 = time.perf_counter()
+    for first, (locs, shares) in done:
+        where.extend(zip(range(first, first + len(locs)), locs, shares, strict=True))
     s.sync()
     t2 = time.perf_counter()
     disk = s.retained_bytes()[1]
