@@ -20,6 +20,7 @@ from raftq.cluster.segstore import (
     SegmentStore,
     StoreDisk,
     StoreImporter,
+    encode_record,
     files_of,
     seg_name,
     sync_marked,
@@ -106,6 +107,26 @@ def test_a_read_never_returns_another_records_payload(tmp_path: Path) -> None:
     with pytest.raises(StorageCorrupt, match="no such segment"):
         s.read("t.1", 2, loc + (5 << 32), n)
     assert [s.read("t.1", i, *locs[i]) for i in range(1, 9)] == [_msg(i) for i in range(1, 9)]
+    one, n1 = s.append("t.1", 9, AT, *_msg(9))  # a record of one message: the same checks
+    with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg.*holds seqs 9\.\.9, not 8"):
+        s.read("t.1", 8, one, n1)
+    with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg.*seq 9 .* length"):
+        s.read("t.1", 9, one, n1 - 1)
+    assert s.read("t.1", 9, one, n1) == _msg(9)
+
+
+def test_a_message_appended_alone_or_as_a_batch_of_one_is_the_same_bytes(tmp_path: Path) -> None:
+    a, b = _store(tmp_path / "a"), _store(tmp_path / "b")
+    for i in range(1, 40):
+        loc, n = a.append("t.1", i, AT + i, *_msg(i))
+        assert b.append_batch("t.1", i, AT + i, [_msg(i)]) == ([loc], [n])
+        rec = encode_record(i, AT + i, [_msg(i)])  # as compaction writes a run of one
+        a.marks()
+        off = loc & 0xFFFFFFFF
+        raw = (tmp_path / "a" / seg_name("t.1", loc >> 32)).read_bytes()[off : off + n]
+        assert raw == rec.head + rec.body and rec.shares == [n]
+    _, ma = a.marks()
+    assert _files(tmp_path / "a", ma) == _files(tmp_path / "b", b.marks()[1])
 
 
 def test_freed_segments_are_deleted_only_after_a_later_snapshot_is_durable(

@@ -96,6 +96,10 @@ REC_MAGIC = 0x3251_5352  # "RSQ2"
 _REC = struct.Struct("<IIIQIQ")  # magic, crc32(rest), record length, first seq, messages, at
 _HEAD = struct.Struct("<III")  # magic, crc32, record length
 _ONE = struct.Struct("<II")  # the columns of a record of one message
+_ONE_REC = struct.Struct("<IIIQIQII")  # a record of one message: _REC and its columns
+_ONE_REST = struct.Struct("<IQIQII")  # ... from its length on
+_MAGIC_CRC = struct.Struct("<II")
+_N_AT, _N_ONE = 20, b"\x01\x00\x00\x00"  # where a record's message count is; one
 _REST = struct.Struct("<IQIQ")  # the same from the length on (what the CRC starts with)
 REC_OVERHEAD = _REC.size
 PER_MESSAGE = 8  # column bytes a message adds: payload size u32, headers length u32
@@ -160,6 +164,14 @@ class Columns:
         self.at.append(at)
         self.length.extend(lengths)
         self.size.extend(sizes)
+
+    def add_one(self, seq: int, at: int, offset: int, length: int, size: int) -> None:
+        self.first.append(seq)
+        self.count.append(1)
+        self.offset.append(offset)
+        self.at.append(at)
+        self.length.append(length)
+        self.size.append(size)
 
     def rows(self) -> Iterator[tuple[int, int, int, int, int]]:
         """(seq, its record's offset, length, payload size, published_at) per message."""
@@ -303,6 +315,31 @@ class Record:
         return payload, (msgpack.unpackb(hdr, raw=False) if hdr else None)
 
 
+def _decode_one(data: bytes, path: str, offset: int, seq: int, length: int) -> Message:
+    """``decode_record`` and ``read`` of a record of one message, in one step (the common
+    publish of one message); the same checks and errors."""
+    if len(data) < _ONE_REC.size:
+        raise StorageCorrupt(f"{path}: short record at offset {offset} ({len(data)} bytes)")
+    magic, crc, size, first, _, _, psize, hlen = _ONE_REC.unpack_from(data)
+    if magic != REC_MAGIC or size != len(data):
+        raise StorageCorrupt(f"{path}: bad record header at offset {offset}")
+    if zlib.crc32(memoryview(data)[_CRC_FROM:]) != crc:
+        raise StorageCorrupt(f"{path}: checksum mismatch in the record at offset {offset}")
+    if size != _ONE_REC.size + psize + hlen:
+        raise StorageCorrupt(f"{path}: the columns of the record at offset {offset} do not add up")
+    if first != seq:
+        raise StorageCorrupt(
+            f"{path}: record at offset {offset} holds seqs {first}..{first}, not {seq}"
+        )
+    if size != length:
+        raise StorageCorrupt(
+            f"{path}: seq {seq} at offset {offset} has length {size}, not {length}"
+        )
+    start = _ONE_REC.size + hlen
+    hdr = data[_ONE_REC.size : start]
+    return data[start:], (msgpack.unpackb(hdr, raw=False) if hlen else None)
+
+
 def decode_record(data: bytes, path: str, offset: int) -> Record:
     """The record that ``data`` is exactly; raises StorageCorrupt naming ``path`` and
     ``offset`` when it is not intact."""
@@ -410,9 +447,22 @@ class SegmentStore:
         self, key: str, seq: int, at: int, payload: bytes, headers: Headers = None
     ) -> tuple[int, int]:
         """Append message ``seq`` published at ``at`` (ms), a record of its own; returns its
-        location and length (what ``read`` and ``free`` take)."""
-        locs, shares = self._put(key, encode_record(seq, at, [(payload, headers)]))
-        return locs[0], shares[0]
+        location and length (what ``read`` and ``free`` take). The bytes are those of
+        ``append_batch`` of one message, written without its general machinery."""
+        hdr = msgpack.packb(dict(headers)) if headers else b""
+        size = _ONE_REC.size + len(hdr) + len(payload)
+        rest = _ONE_REST.pack(size, seq, 1, at, len(payload), len(hdr))
+        crc = zlib.crc32(payload, zlib.crc32(hdr, zlib.crc32(rest)))
+        seg = self._tail_for(key)
+        off = seg.size
+        if seg.cols is not None:
+            seg.cols.add_one(seq, at, off, size, len(payload))
+        seg.buf += _MAGIC_CRC.pack(REC_MAGIC, crc)
+        seg.buf += rest
+        seg.buf += hdr
+        seg.buf += payload
+        self._grew(seg, size, 1)
+        return location(seg.segno, off), size
 
     def append_batch(
         self, key: str, first_seq: int, at: int, items: Sequence[tuple[bytes, Headers]]
@@ -420,11 +470,25 @@ class SegmentStore:
         """Append messages ``first_seq``, ``first_seq + 1``, ... published at ``at`` as one
         record; returns per message its location (the record's) and its share of the record's
         length (the shares add up to it): what ``read`` and ``free`` take."""
-        if not items:
-            return [], []
+        if len(items) <= 1:
+            if not items:
+                return [], []
+            loc, size = self.append(key, first_seq, at, *items[0])
+            return [loc], [size]
         return self._put(key, encode_record(first_seq, at, items))
 
     def _put(self, key: str, rec: Encoded) -> tuple[list[int], list[int]]:
+        seg = self._tail_for(key)
+        loc = location(seg.segno, seg.size)
+        if seg.cols is not None:  # array to array: copies, no work per message
+            seg.cols.add(rec.first_seq, rec.at, seg.size, rec.shares_col, rec.sizes)
+        seg.buf += rec.head
+        seg.buf += rec.body
+        self._grew(seg, REC_OVERHEAD + len(rec.body), rec.n)
+        return [loc] * rec.n, rec.shares
+
+    def _tail_for(self, key: str) -> _Seg:
+        """The segment the next record of ``key`` goes to."""
         self._check()
         st = self._streams.get(key)
         if st is None:
@@ -432,28 +496,30 @@ class SegmentStore:
         seg = st.tail()
         if seg is None or seg.size >= self.segment_bytes:
             seg = self._roll(st)
-        loc = location(seg.segno, seg.size)
-        n = rec.n
-        if seg.cols is not None:  # array to array: copies, no work per message
-            seg.cols.add(rec.first_seq, rec.at, seg.size, rec.shares_col, rec.sizes)
-        size = REC_OVERHEAD + len(rec.body)
-        seg.buf += rec.head
-        seg.buf += rec.body
+        return seg
+
+    def _grew(self, seg: _Seg, size: int, messages: int) -> None:
         seg.size += size
-        seg.live += n
+        seg.live += messages
         seg.live_bytes += size
         self._live_bytes += size
         self._seg_bytes += size
         if len(seg.buf) >= self.flush_bytes:
             self._flush(seg)
-        return [loc] * n, rec.shares
 
     def read(self, key: str, seq: int, loc: int, length: int) -> Message:
         """The payload and headers of message ``seq`` in the record at ``loc`` (``length``: its
         share); StorageCorrupt naming the file when it is missing, short or damaged, never
         another message's payload."""
         self._check()
-        rec = self._record(key, seq, loc, length)
+        seg = self._segment(key, seq, loc)
+        off = loc & 0xFFFF_FFFF
+        rec = self._cache.get((seg.path, off))
+        if rec is None:
+            data = self._load(seg, off, length)
+            if data[_N_AT : _N_AT + 4] == _N_ONE:  # a record of one message: no Record
+                return _decode_one(data, seg.path, off, seq, length)
+            rec = self._decoded(seg, off, data)
         return rec.message(self._index(rec, seq, length))
 
     def read_batch(self, key: str, items: Iterable[tuple[int, int, int]]) -> list[Message]:
@@ -486,7 +552,22 @@ class SegmentStore:
     def _record(self, key: str, seq: int, loc: int, hint: int) -> Record:
         """The checked record at ``loc``, from the cache or the segment (``hint``: a length
         it has at least)."""
-        segno, off = loc >> 32, loc & 0xFFFF_FFFF
+        seg = self._segment(key, seq, loc)
+        off = loc & 0xFFFF_FFFF
+        rec = self._cache.get((seg.path, off))
+        if rec is not None:
+            self._cache.move_to_end((seg.path, off))
+            return rec
+        return self._decoded(seg, off, self._load(seg, off, hint))
+
+    def _decoded(self, seg: _Seg, off: int, data: bytes) -> Record:
+        rec = decode_record(data, seg.path, off)
+        if rec.n > 1:  # a record of one message is read again only by a retry
+            self._remember((seg.path, off), rec)
+        return rec
+
+    def _segment(self, key: str, seq: int, loc: int) -> _Seg:
+        segno = loc >> 32
         st = self._streams.get(key)
         seg = st.segs.get(segno) if st is not None else None
         if seg is None:
@@ -495,13 +576,13 @@ class SegmentStore:
                 seg = self._gone.get(path)
             if seg is None:
                 raise StorageCorrupt(f"{path}: no such segment (reading seq {seq})")
-        rec = self._cache.get((seg.path, off))
-        if rec is not None:
-            self._cache.move_to_end((seg.path, off))
-            return rec
+        return seg
+
+    def _load(self, seg: _Seg, off: int, hint: int) -> bytes:
+        """The bytes of the record at ``off`` (as long as its header says; not checked
+        further). One read in the common case: a record of one message is ``hint`` long."""
         if off < SEG_HEAD or off + REC_OVERHEAD > seg.size:
             raise StorageCorrupt(f"{seg.path}: no record at offset {off} ({seg.size} bytes)")
-        # one read in the common case: a record of one message is as long as its length
         data = self._bytes(seg, off, min(max(hint, READ_AHEAD), seg.size - off))
         magic, _, length = _HEAD.unpack_from(data)
         if magic != REC_MAGIC or length < REC_OVERHEAD:
@@ -511,13 +592,10 @@ class SegmentStore:
                 f"{seg.path}: record at offset {off} ends past the segment ({seg.size} bytes)"
             )
         if length < len(data):
-            data = data[:length]
-        elif length > len(data):
-            data += self._bytes(seg, off + len(data), length - len(data))
-        rec = decode_record(data, seg.path, off)
-        if rec.n > 1:  # a record of one message is read again only by a retry
-            self._remember((seg.path, off), rec)
-        return rec
+            return data[:length]
+        if length > len(data):
+            return data + self._bytes(seg, off + len(data), length - len(data))
+        return data
 
     def _bytes(self, seg: _Seg, off: int, size: int) -> bytes:
         if off >= seg.flushed:
