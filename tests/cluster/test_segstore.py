@@ -89,6 +89,9 @@ def test_reads_serve_buffered_and_written_records_alike(tmp_path: Path) -> None:
     locs = _append(s, "t.1", range(1, 40))  # crosses segments: earlier ones are written
     for i, (loc, n) in locs.items():
         assert s.read("t.1", i, loc, n) == _msg(i)
+    many = [(i, loc, n) for i, (loc, n) in locs.items()]  # records of one and of several
+    assert s.read_batch("t.1", many) == [_msg(i) for i in locs]
+    assert s.read_batch("t.1", many[::-1]) == [_msg(i) for i in reversed(locs)]
 
 
 def test_a_read_never_returns_another_records_payload(tmp_path: Path) -> None:

@@ -512,25 +512,39 @@ class SegmentStore:
         share); StorageCorrupt naming the file when it is missing, short or damaged, never
         another message's payload."""
         self._check()
+        got = self._message_or_record(key, seq, loc, length)
+        if isinstance(got, Record):
+            return got.message(self._index(got, seq, length))
+        return got
+
+    def _message_or_record(self, key: str, seq: int, loc: int, length: int) -> Message | Record:
+        """The checked record at ``loc`` (cached or read), or, for a record of one message
+        not cached, that message at once (the common publish of one: no ``Record``)."""
         seg = self._segment(key, seq, loc)
         off = loc & 0xFFFF_FFFF
         rec = self._cache.get((seg.path, off))
-        if rec is None:
-            data = self._load(seg, off, length)
-            if data[_N_AT : _N_AT + 4] == _N_ONE:  # a record of one message: no Record
-                return _decode_one(data, seg.path, off, seq, length)
-            rec = self._decoded(seg, off, data)
-        return rec.message(self._index(rec, seq, length))
+        if rec is not None:
+            self._cache.move_to_end((seg.path, off))
+            return rec
+        data = self._load(seg, off, length)
+        if data[_N_AT : _N_AT + 4] == _N_ONE:
+            return _decode_one(data, seg.path, off, seq, length)
+        return self._decoded(seg, off, data)
 
     def read_batch(self, key: str, items: Iterable[tuple[int, int, int]]) -> list[Message]:
         """``read`` of each ``(seq, location, length)``; a record read and checked once serves
         all of its messages (the cache keeps the recent ones)."""
         self._check()
-        out = []
+        out: list[Message] = []
         last, rec = -1, None
         for seq, loc, length in items:
             if loc != last or rec is None:
-                rec, last = self._record(key, seq, loc, length), loc
+                got = self._message_or_record(key, seq, loc, length)
+                if not isinstance(got, Record):
+                    out.append(got)
+                    rec = None
+                    continue
+                rec, last = got, loc
             out.append(rec.message(self._index(rec, seq, length)))
         return out
 
@@ -548,17 +562,6 @@ class SegmentStore:
                 f" {rec.share(i)}, not {length}"
             )
         return i
-
-    def _record(self, key: str, seq: int, loc: int, hint: int) -> Record:
-        """The checked record at ``loc``, from the cache or the segment (``hint``: a length
-        it has at least)."""
-        seg = self._segment(key, seq, loc)
-        off = loc & 0xFFFF_FFFF
-        rec = self._cache.get((seg.path, off))
-        if rec is not None:
-            self._cache.move_to_end((seg.path, off))
-            return rec
-        return self._decoded(seg, off, self._load(seg, off, hint))
 
     def _decoded(self, seg: _Seg, off: int, data: bytes) -> Record:
         rec = decode_record(data, seg.path, off)
