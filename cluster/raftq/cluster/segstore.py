@@ -719,8 +719,17 @@ class SegmentStore:
         data = self._pread(seg.path, seg.size, 0)
         moved: dict[int, tuple[int, int]] = {}
         for rec in self._records(seg, data):
-            loc = location(segno, rec.offset)
-            live = [i for i in range(rec.n) if is_live(rec.first_seq + i, loc)]
+            loc, first = location(segno, rec.offset), rec.first_seq
+            if rec.n == 1:  # the common record of one message: copied as it is
+                if is_live(first, loc):
+                    moved[first] = (self._put_record(key, rec), len(rec.data))
+                continue
+            live = [i for i in range(rec.n) if is_live(first + i, loc)]
+            if len(live) == rec.n:  # all of it: the same bytes a rewrite would give
+                new_loc = self._put_record(key, rec)
+                for i, share in enumerate(rec.shares()):
+                    moved[first + i] = (new_loc, share)
+                continue
             for run in _runs(live):
                 raws = [rec.raw(i) for i in run]
                 hdrs = [h for _, h in raws]
@@ -1013,8 +1022,18 @@ class SegmentStore:
         data = self._pread(seg.path, seg.size, 0)
         cols = Columns()
         for rec in self._records(seg, data):
-            cols.add(rec.first_seq, rec.at, rec.offset, rec.shares(), rec.sizes())
+            _add_columns(cols, rec, rec.offset)
         return cols
+
+    def _put_record(self, key: str, rec: Record) -> int:
+        """Append a copy of a checked record (compaction); returns its new location."""
+        seg = self._tail_for(key)
+        off = seg.size
+        if seg.cols is not None:
+            _add_columns(seg.cols, rec, off)
+        seg.buf += rec.data
+        self._grew(seg, len(rec.data), rec.n)
+        return location(seg.segno, off)
 
     def _records(self, seg: _Seg, data: bytes) -> Iterator[Record]:
         """The records of a segment's bytes, each checked."""
@@ -1197,6 +1216,13 @@ class StoreImporter:
         for name in self.disk.listdir(self.dir):
             with contextlib.suppress(OSError):
                 self.disk.remove(os.path.join(self.dir, name))
+
+
+def _add_columns(cols: Columns, rec: Record, offset: int) -> None:
+    if rec.n == 1:
+        cols.add_one(rec.first_seq, rec.at, offset, len(rec.data), rec.pstart[1] - rec.pstart[0])
+    else:
+        cols.add(rec.first_seq, rec.at, offset, rec.shares(), rec.sizes())
 
 
 def _runs(indexes: list[int]) -> Iterator[list[int]]:
