@@ -50,13 +50,19 @@ def test_an_index_costs_under_32_bytes_a_message() -> None:
 
 
 def _build(path: Path) -> tuple[SegmentStore, MsgIndex]:
-    """A topic of 300 messages, some acked, part of it compacted."""
+    """A topic of 300 messages published in batches of 1-4, some acked, part of it
+    compacted."""
     s = SegmentStore(OsDisk(), str(path), segment_bytes=4096, flush_bytes=512)
     s.truncate_to([])
     ix = MsgIndex()
-    for i in range(1, 301):
-        loc, n = s.append("t.1", i, AT + i, b"p" * (i % 50), {"i": str(i)} if i % 2 else None)
-        assert ix.append(loc, n, i % 50, AT + i, 2) == i
+    i = 1
+    while i < 301:
+        batch = range(i, min(i + 1 + i % 4, 301))
+        items = [(b"p" * (q % 50), {"i": str(q)} if q % 2 else None) for q in batch]
+        locs, lengths = s.append_batch("t.1", i, AT + i, items)
+        for q, loc, n in zip(batch, locs, lengths, strict=True):
+            assert ix.append(loc, n, q % 50, AT + i, 2) == q
+        i = batch.stop
     for seq in [*range(1, 40), *range(60, 120, 2)]:
         loc, n, _ = ix.remove(seq) or (0, 0, 0)
         s.free("t.1", loc, n)

@@ -1,9 +1,11 @@
 """The segment store: deterministic appends, verified reads, freeing, compaction, transfer,
-and its crash rules under the power-loss simulation (SimDisk)."""
+and its crash rules under the power-loss simulation (SimDisk). Messages are appended in
+batches of 1 to 6 (one record each), as the state machine appends a publish command's."""
 
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import random
 from pathlib import Path
@@ -18,6 +20,7 @@ from raftq.cluster.segstore import (
     SegmentStore,
     StoreDisk,
     StoreImporter,
+    encode_record,
     files_of,
     seg_name,
     sync_marked,
@@ -39,11 +42,22 @@ def _store(path: Path, disk: StoreDisk | None = None, marks: Marks | None = None
     return s
 
 
+def _batches(seqs: range) -> list[range]:
+    """``seqs`` cut into batches (a new one at each multiple of 6 and where seq % 9 == 4)."""
+    cuts = [q for q in seqs if q == seqs.start or q % 6 == 0 or q % 9 == 4]
+    return [range(a, b) for a, b in zip(cuts, [*cuts[1:], seqs.stop], strict=True)]
+
+
+def _at(seqs: range) -> dict[int, int]:
+    """The publish time of each message ``_append`` appends: its batch's."""
+    return {q: AT + b.start for b in _batches(seqs) for q in b}
+
+
 def _append(s: SegmentStore, key: str, seqs: range) -> dict[int, tuple[int, int]]:
-    out = {}
-    for i in seqs:
-        payload, headers = _msg(i)
-        out[i] = s.append(key, i, AT + i, payload, headers)
+    out: dict[int, tuple[int, int]] = {}
+    for b in _batches(seqs):
+        locs, lengths = s.append_batch(key, b.start, AT + b.start, [_msg(i) for i in b])
+        out.update(zip(b, zip(locs, lengths, strict=True), strict=True))
     return out
 
 
@@ -57,8 +71,8 @@ def test_replicas_fed_the_same_appends_write_the_same_bytes_at_the_same_location
     tmp_path: Path,
 ) -> None:
     a, b = _store(tmp_path / "a"), _store(tmp_path / "b")
-    locs_a = {k: _append(a, k, range(1, 120)) for k in ("t.1", "u.2")}
-    locs_b = {k: _append(b, k, range(1, 120)) for k in ("t.1", "u.2")}
+    locs_a = {k: _append(a, k, range(1, 160)) for k in ("t.1", "u.2")}
+    locs_b = {k: _append(b, k, range(1, 160)) for k in ("t.1", "u.2")}
     assert locs_a == locs_b
     ma, mb = a.marks()[1], b.marks()[1]
     assert ma == mb
@@ -75,18 +89,47 @@ def test_reads_serve_buffered_and_written_records_alike(tmp_path: Path) -> None:
     locs = _append(s, "t.1", range(1, 40))  # crosses segments: earlier ones are written
     for i, (loc, n) in locs.items():
         assert s.read("t.1", i, loc, n) == _msg(i)
+    many = [(i, loc, n) for i, (loc, n) in locs.items()]  # records of one and of several
+    assert s.read_batch("t.1", many) == [_msg(i) for i in locs]
+    assert s.read_batch("t.1", many[::-1]) == [_msg(i) for i in reversed(locs)]
 
 
 def test_a_read_never_returns_another_records_payload(tmp_path: Path) -> None:
     s = _store(tmp_path)
-    locs = _append(s, "t.1", range(1, 5))
+    locs = _append(s, "t.1", range(1, 9))  # records of seqs 1-3, 4-5, 6-8
     loc, n = locs[2]
-    with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg.*seq 2, not 3"):
-        s.read("t.1", 3, loc, n)
-    with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg"):
+    assert locs[1][0] == loc == locs[3][0] != locs[4][0]
+    with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg.*holds seqs 1\.\.3, not 4"):
+        s.read("t.1", 4, loc, n)
+    with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg.*seq 2 .* length"):
         s.read("t.1", 2, loc, n + 1)  # the wrong length
+    with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg: no record at offset"):
+        s.read("t.1", 2, loc + 1 << 20, n)
+    with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg: bad record header"):
+        s.read("t.1", 2, loc + 4, n)  # inside a record
     with pytest.raises(StorageCorrupt, match="no such segment"):
         s.read("t.1", 2, loc + (5 << 32), n)
+    assert [s.read("t.1", i, *locs[i]) for i in range(1, 9)] == [_msg(i) for i in range(1, 9)]
+    one, n1 = s.append("t.1", 9, AT, *_msg(9))  # a record of one message: the same checks
+    with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg.*holds seqs 9\.\.9, not 8"):
+        s.read("t.1", 8, one, n1)
+    with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg.*seq 9 .* length"):
+        s.read("t.1", 9, one, n1 - 1)
+    assert s.read("t.1", 9, one, n1) == _msg(9)
+
+
+def test_a_message_appended_alone_or_as_a_batch_of_one_is_the_same_bytes(tmp_path: Path) -> None:
+    a, b = _store(tmp_path / "a"), _store(tmp_path / "b")
+    for i in range(1, 40):
+        loc, n = a.append("t.1", i, AT + i, *_msg(i))
+        assert b.append_batch("t.1", i, AT + i, [_msg(i)]) == ([loc], [n])
+        rec = encode_record(i, AT + i, [_msg(i)])  # as compaction writes a run of one
+        a.marks()
+        off = loc & 0xFFFFFFFF
+        raw = (tmp_path / "a" / seg_name("t.1", loc >> 32)).read_bytes()[off : off + n]
+        assert raw == rec.head + rec.body and rec.shares == [n]
+    _, ma = a.marks()
+    assert _files(tmp_path / "a", ma) == _files(tmp_path / "b", b.marks()[1])
 
 
 def test_freed_segments_are_deleted_only_after_a_later_snapshot_is_durable(
@@ -162,12 +205,12 @@ def test_compaction_moves_live_records_and_returns_where_they_went(tmp_path: Pat
         s = _store(path)
         locs = _append(s, "t.1", range(1, 200))
         for i, (loc, n) in locs.items():
-            if loc >> 32 == 1 and i % 4:  # three quarters of segment 1 acked
+            if loc >> 32 == 1 and i % 8 > 1:  # three quarters of segment 1 acked
                 s.free("t.1", loc, n)
         assert ("t.1", 1) in s.candidates()
         index = dict(locs)
         moved = s.compact("t.1", 1, lambda seq, loc: seq in index and index[seq][0] == loc
-                          and seq % 4 == 0)  # fmt: skip
+                          and seq % 8 < 2)  # fmt: skip
         index.update(moved)
         _, marks = s.marks()
         return moved, _files(path, marks), s, index
@@ -176,6 +219,12 @@ def test_compaction_moves_live_records_and_returns_where_they_went(tmp_path: Pat
     moved_b, files_b, _, _ = run(tmp_path / "b")
     assert moved == moved_b and files == files_b, "compaction is deterministic"
     assert moved and all(loc >> 32 > 1 for loc, _ in moved.values())
+    new_locs = [loc for loc, _ in moved.values()]
+    assert len(set(new_locs)) < len(new_locs), "a run of live messages shares a new record"
+    recs = sorted(set(new_locs))  # written one after the other: lengths add up to records'
+    for a, b in itertools.pairwise(recs):
+        if a >> 32 == b >> 32:
+            assert sum(n for loc, n in moved.values() if loc == a) == b - a
     assert 1 not in [st[0] for st in s.stats("t.1")]
     for seq in moved:
         loc, n = index[seq]
@@ -280,7 +329,8 @@ def _crash_cycle(
     _append(ref, "t.1", range(1, 50))
     _append(ref, "u.2", range(1, 30))
     _append(ref, "t.1", range(50, 60))
-    _append(ref, "u.2", range(30, 70))
+    _append(ref, "u.2", range(30, 40))
+    _append(ref, "u.2", range(40, 70))
     _append(ref, "v.3", range(1, 20))
     _, mref = ref.marks()
     ref.close()
@@ -314,15 +364,21 @@ def test_corruption_in_the_middle_is_named_and_never_read_as_a_payload(tmp_path:
     locs = _append(s, "t.1", range(1, 60))
     _, marks = s.marks()
     s.sync()
-    loc, n = locs[5]
+    loc = locs[5][0]
     path = tmp_path / seg_name("t.1", loc >> 32)
     raw = bytearray(path.read_bytes())
-    raw[(loc & 0xFFFFFFFF) + n - 3] ^= 0x40
+    end = min(at for at, _ in locs.values() if at > loc) & 0xFFFFFFFF  # the next record
+    raw[end - 3] ^= 0x40  # in the last payload of the record of seq 5
     path.write_bytes(bytes(raw))
     s = _store(tmp_path, marks=marks)  # a restart: the damage is past the header
+    same = [q for q, (at, _) in locs.items() if at == loc]
+    assert len(same) > 1
+    for q in same:  # every message of the damaged record, not only the one hit
+        with pytest.raises(StorageCorrupt, match=rf"{path}: checksum mismatch"):
+            s.read("t.1", q, *locs[q])
     with pytest.raises(StorageCorrupt, match=rf"{path}: checksum mismatch"):
-        s.read("t.1", 5, loc, n)
-    assert s.read("t.1", 6, *locs[6]) == _msg(6)
+        s.read_batch("t.1", [(q, *locs[q]) for q in range(1, 60)])
+    assert s.read("t.1", same[-1] + 1, *locs[same[-1] + 1]) == _msg(same[-1] + 1)
 
 
 def test_a_segment_shorter_than_its_mark_or_with_a_bad_header_stops_the_restore(
@@ -426,16 +482,17 @@ def test_retained_bytes_follow_appends_frees_retirement_and_restore(tmp_path: Pa
 
 def _rows(s: SegmentStore, key: str) -> list[tuple[int, int, int, int, int]]:
     return [
-        (c.seq[i], segno << 32 | c.offset[i], c.length[i], c.size[i], c.at[i])
+        (seq, segno << 32 | off, n, size, at)
         for segno, c in s.columns(key)
-        for i in range(len(c.seq))
+        for seq, off, n, size, at in c.rows()
     ]
 
 
 def test_columns_describe_every_record_from_sidecars_or_a_scan(tmp_path: Path) -> None:
     s = _store(tmp_path)
     locs = _append(s, "t.1", range(1, 200))
-    want = [(i, loc, n, len(_msg(i)[0]), AT + i) for i, (loc, n) in locs.items()]
+    at = _at(range(1, 200))
+    want = [(i, loc, n, len(_msg(i)[0]), at[i]) for i, (loc, n) in locs.items()]
     assert _rows(s, "t.1") == want
     _, marks = s.marks()
     s.sync()
@@ -458,7 +515,8 @@ def test_a_sidecar_describing_another_size_is_not_believed(tmp_path: Path) -> No
     other = tmp_path / "t.1~00000001.idx"
     first.write_bytes(other.read_bytes())  # intact, but of another segment
     s = _store(tmp_path, marks=marks)
-    want = [(i, loc, n, len(_msg(i)[0]), AT + i) for i, (loc, n) in locs.items()]
+    at = _at(range(1, 200))
+    want = [(i, loc, n, len(_msg(i)[0]), at[i]) for i, (loc, n) in locs.items()]
     assert _rows(s, "t.1") == want
 
 
@@ -511,9 +569,10 @@ def test_random_appends_frees_compactions_and_power_cuts_match_an_uncut_replica(
 
     def apply(store: SegmentStore, model: dict[str, dict[int, tuple[int, int]]], op: Any) -> None:
         kind, key, arg = op
-        if kind == "append":
-            payload, headers = _msg(arg)
-            model[key][arg] = store.append(key, arg, AT + arg, payload, headers)
+        if kind == "append":  # a batch of messages arg[0], ... arg[1] - 1
+            batch = range(*arg)
+            locs, lengths = store.append_batch(key, arg[0], AT + arg[0], [_msg(q) for q in batch])
+            model[key].update(zip(batch, zip(locs, lengths, strict=True), strict=True))
         elif kind == "free":
             store.free(key, *model[key].pop(arg))
         else:
@@ -529,9 +588,10 @@ def test_random_appends_frees_compactions_and_power_cuts_match_an_uncut_replica(
     for _ in range(1500):
         r = rnd.random()
         key = rnd.choice(["t.1", "u.2"])
-        if r < 0.52:
-            op: Any = ("append", key, next_seq[key])
-            next_seq[key] += 1
+        if r < 0.3:
+            k = rnd.choice([1, 1, 2, 3, 5, 8])
+            op: Any = ("append", key, (next_seq[key], next_seq[key] + k))
+            next_seq[key] += k
         elif r < 0.86 and live[key]:
             fifo = rnd.random() < 0.7  # acks mostly in order: whole segments free up
             op = ("free", key, min(live[key]) if fifo else rnd.choice(sorted(live[key])))
@@ -603,3 +663,99 @@ def test_append_batch_gives_each_message_a_readable_location(tmp_path: Path) -> 
     assert len(locs) == len(lengths) == 5
     for i, (loc, n) in enumerate(zip(locs, lengths, strict=True)):
         assert s.read("t.1", 7 + i, loc, n) == items[i]
+
+
+class _CountingDisk(OsDisk):
+    """Counts the reads from files (``pread`` calls)."""
+
+    def __init__(self) -> None:
+        self.preads = 0
+
+    def open_read(self, path: str) -> Any:
+        f, disk = super().open_read(path), self
+
+        class Counted:
+            def pread(self, size: int, offset: int) -> bytes:
+                disk.preads += 1
+                return f.pread(size, offset)
+
+            def close(self) -> None:
+                f.close()
+
+        return Counted()
+
+
+def test_a_batch_is_one_record_whose_lengths_add_up_and_free_one_by_one(tmp_path: Path) -> None:
+    s = _store(tmp_path)
+    items = [_msg(i) for i in range(7, 12)]
+    locs, lengths = s.append_batch("t.1", 7, AT, items)
+    assert locs == [SEG_HEAD] * 5, "one record: every message at its location"
+    assert sum(lengths) == s.watermark("t.1")[1] - SEG_HEAD == s.retained_bytes()[0]
+    assert s.append_batch("t.1", 12, AT, []) == ([], [])
+    assert s.stats("t.1") == [(0, SEG_HEAD + sum(lengths), 5, sum(lengths))]
+    for i, (loc, n) in enumerate(zip(locs, lengths, strict=True)):
+        assert s.read("t.1", 7 + i, loc, n) == items[i]
+    assert s.read_batch("t.1", [(9, locs[2], lengths[2]), (7, locs[0], lengths[0])]) == [
+        items[2],
+        items[0],
+    ]
+    assert [r[:3] for r in _rows(s, "t.1")] == [
+        (7 + i, loc, n) for i, (loc, n) in enumerate(zip(locs, lengths, strict=True))
+    ]
+    first = s.append_batch("t.1", 12, AT, [(b"x" * 1000, None)] * 2)
+    last = s.append("t.1", 14, AT, b"y" * 3000)
+    s.append("t.1", 15, AT, b"z")  # segment 0 is full: this one rolls to segment 1
+    assert [st[:3] for st in s.stats("t.1")] == [(0, last[0] + last[1], 8), (1, SEG_HEAD + 41, 1)]
+    for loc, n in zip(locs, lengths, strict=True):  # the first batch goes, message by message
+        s.free("t.1", loc, n)
+    assert s.stats("t.1")[0][2:] == (3, sum(first[1]) + last[1])
+    s.free("t.1", *last)
+    for loc, n in zip(*first, strict=True):
+        s.free("t.1", loc, n)
+    assert [st[0] for st in s.stats("t.1")] == [1], "its last message freed: retired"
+    assert s.retained_bytes()[0] == s.stats("t.1")[0][3] == 41
+
+
+def test_a_record_is_read_and_checked_once_for_all_of_its_messages(tmp_path: Path) -> None:
+    disk = _CountingDisk()
+    s = SegmentStore(disk, str(tmp_path), segment_bytes=1 << 20, flush_bytes=512)
+    s.truncate_to([])
+    items = [(b"%d" % i * 20, None) for i in range(100)]
+    locs, lengths = s.append_batch("t.1", 1, AT, items)
+    s.marks()  # written to the file
+    got = s.read_batch("t.1", [(1 + i, locs[i], lengths[i]) for i in range(100)])
+    assert got == items and disk.preads == 2, "a first guess, then the rest"
+    assert [s.read("t.1", 1 + i, locs[i], lengths[i]) for i in range(100)] == items
+    assert disk.preads == 2, "the cache served the second pass"
+    many = [s.append("t.1", 101 + i, AT, b"m") for i in range(40)]
+    s.marks()
+    for i, (loc, n) in enumerate(many):
+        assert s.read("t.1", 101 + i, loc, n) == (b"m", None)
+    assert len(s._cache) == 1, "records of one message are not kept"
+    more = [s.append_batch("t.1", 141 + 2 * i, AT, [(b"a", None), (b"b", None)]) for i in range(40)]
+    s.marks()
+    for i, (locs2, lengths2) in enumerate(more):
+        assert s.read("t.1", 141 + 2 * i, locs2[0], lengths2[0]) == (b"a", None)
+    assert len(s._cache) == 32, "the cache is bounded"
+    s.read("t.1", 1, locs[0], lengths[0])
+    assert disk.preads == 2 + 40 + 40 + 2, "the first record was dropped and read again"
+
+
+def test_a_restore_forgets_the_records_read_before_it(tmp_path: Path) -> None:
+    s = _store(tmp_path)
+    loc, n = s.append("t.1", 1, AT, b"before the crash")
+    assert s.read("t.1", 1, loc, n) == (b"before the crash", None)
+    s.truncate_to([])  # a snapshot from before it: the journal replay writes another record
+    assert s.append("t.1", 1, AT, b"after the restore") == (loc, n + 1)
+    assert s.read("t.1", 1, loc, n + 1) == (b"after the restore", None)
+
+
+def test_a_segment_file_cut_short_behind_the_stores_back_is_named_on_read(tmp_path: Path) -> None:
+    s = _store(tmp_path)
+    locs = _append(s, "t.1", range(1, 30))
+    s.sync()
+    path = tmp_path / seg_name("t.1", 0)
+    path.write_bytes(path.read_bytes()[:-10])
+    last = max(q for q, (loc, _) in locs.items() if loc >> 32 == 0)
+    with pytest.raises(StorageCorrupt, match=rf"{path}: short read"):
+        s.read("t.1", last, *locs[last])

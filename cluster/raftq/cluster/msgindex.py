@@ -2,14 +2,15 @@
 
 ``MsgIndex`` replaces ``Topic.msgs`` / ``Topic.refs`` (a tuple and a list slot per message):
 packed ``array`` columns indexed by ``seq - first_seq``, about 28 bytes a message (location
-and record length in the ``segstore``, payload size, publish time, and ``refs``: how many
+of its record in the ``segstore`` and its length there, i.e. its share of that record, payload
+size, publish time, and ``refs``: how many
 groups have yet to settle it, ``GONE`` once it left the topic). Get by seq is O(1); the gone
 prefix is dropped in amortised O(1) as ``Topic.trim`` does. Not numpy: the columns need only
 append, index, slice and ``count``, and the stdlib ``array`` does those in C.
 
 A snapshot carries only ``refs`` (compressed: runs of equal counts are the common case); a
 restore rebuilds the other columns from the store's ``columns`` (sidecars), which describe
-every record of the live segments.
+every message of the live segments.
 
 ``DedupKeys`` keeps the idempotency keys of a dedup window as 16-byte blake2b digests (a
 collision among 2^64 keys is as likely as not; a window holds millions at most) in a packed
@@ -42,8 +43,8 @@ class MsgIndex:
     def __init__(self, first_seq: int = 1) -> None:
         self.first_seq = first_seq  # seq of position 0
         self.head = 0  # positions before it are gone
-        self.loc = array("q")  # segstore location
-        self.length = array("I")  # record length in the store
+        self.loc = array("q")  # segstore location of its record
+        self.length = array("I")  # its share of the record's length (what ``free`` takes)
         self.size = array("I")  # payload bytes
         self.at = array("q")  # published_at ms
         self.refs = array("i")  # groups yet to settle it (from their pin on); GONE: left
@@ -66,14 +67,14 @@ class MsgIndex:
         return self.head <= i < len(self.refs) and self.refs[i] != GONE
 
     def get(self, seq: int) -> tuple[int, int, int, int] | None:
-        """(location, record length, payload size, published_at) of a retained message."""
+        """(location, length, payload size, published_at) of a retained message."""
         i = seq - self.first_seq
         if i < self.head or i >= len(self.refs) or self.refs[i] == GONE:
             return None
         return self.loc[i], self.length[i], self.size[i], self.at[i]
 
     def is_live(self, seq: int, loc: int) -> bool:
-        """Does the index still point at this record (segstore compaction)?"""
+        """Does the index still point at this record for ``seq`` (segstore compaction)?"""
         i = seq - self.first_seq
         return self.head <= i < len(self.refs) and self.refs[i] != GONE and self.loc[i] == loc
 
@@ -108,7 +109,7 @@ class MsgIndex:
         self.refs[seq - self.first_seq] = refs
 
     def remove(self, seq: int) -> tuple[int, int, int] | None:
-        """Mark a retained message gone; returns (location, record length, payload size) for
+        """Mark a retained message gone; returns (location, length, payload size) for
         the store's ``free`` and the topic's byte count, or None when it was not retained.
         Trims the gone prefix when it was the oldest."""
         i = seq - self.first_seq
@@ -157,7 +158,7 @@ class MsgIndex:
     @classmethod
     def restore(cls, dumped: list[Any], columns: Iterable[tuple[int, Columns]]) -> MsgIndex:
         """Rebuild from ``dump()`` and the store's ``columns(key)``. Records outside the
-        retained range (gone messages in a live segment) are skipped. StorageCorrupt when a
+        retained range (gone messages in a live record) are skipped. StorageCorrupt when a
         retained message has no record."""
         oldest, next_seq, blob = dumped
         n = next_seq - oldest
@@ -179,7 +180,22 @@ class MsgIndex:
         return ix
 
     def _place(self, segno: int, c: Columns, oldest: int, next_seq: int) -> None:
-        seqs, k = c.seq, len(c.seq)
+        if len(c.first) == len(c.length):  # a record per message (batches of one)
+            self._place_singles(segno, c, oldest, next_seq)
+            return
+        base, j = segno << 32, 0
+        for first, n, off, at in zip(c.first, c.count, c.offset, c.at, strict=True):
+            lo, hi = max(first, oldest), min(first + n, next_seq)
+            if lo < hi:  # a record's messages have consecutive seqs: slices, C speed
+                a, b, k = lo - oldest, hi - oldest, j + lo - first
+                self.loc[a:b] = array("q", [base | off]) * (b - a)
+                self.length[a:b] = c.length[k : k + b - a]
+                self.size[a:b] = c.size[k : k + b - a]
+                self.at[a:b] = array("q", [at]) * (b - a)
+            j += n
+
+    def _place_singles(self, segno: int, c: Columns, oldest: int, next_seq: int) -> None:
+        seqs, k = c.first, len(c.first)
         if not k:
             return
         base = segno << 32

@@ -15,21 +15,39 @@ reused: a topic deleted and created again gets a new key) has its own segments
 in order, so whole segments free up without compaction; deleting a topic deletes its files; a
 snapshot's mark is per topic; the cost is one open file per topic being written (few).
 
-A segment: ``SEG_MAGIC`` + its segno (``_SEG``), then records::
+A segment: ``SEG_MAGIC`` (``RAFTQS2``) + its segno (``_SEG``), then records, ONE PER
+``append_batch`` call (a publish command's messages, seqs ``first``, ``first + 1``, ...)::
 
     magic u32 | crc32 u32 (of everything after it) | length u32 (whole record) |
-    seq u64 | published_at ms u64 | headers length u32 | headers (msgpack map, or nothing) |
-    payload
+    first seq u64 | messages n u32 | published_at ms u64 |
+    n x payload size u32 | n x headers length u32 |
+    the headers (msgpack maps, or nothing) in order | the payloads in order
 
-A sealed segment (one appends moved past) gets a sidecar ``<key>~<segno>.idx``: its records'
-seq, offset, length, payload size and publish time as packed columns, so a restore rebuilds
-the in-memory index (``msgindex``) without reading payloads. It is a cache: written without
-fsync, checked (CRC and the segment size it describes), and rebuilt by scanning the segment
-when missing or bad; the segment being appended to is always scanned (at most one segment).
+One record per batch because the per-record work (a CRC call, struct packing, a location)
+is what a store costs per publish; per message only a length and a slice remain. Every
+message of a record has the record's location; its *length* is its share of the record
+(payload + headers bytes, the first one also carrying the fixed 32 + 8 n bytes), so the
+shares add up to the record and ``free(key, loc, length)`` per message keeps the live bytes
+of a segment exact; a segment's ``live`` counts messages.
 
-CRC32 (zlib, stdlib C code, the check the journal uses) over the record; a read checks magic,
-length, CRC and seq, so a damaged or misplaced record raises ``StorageCorrupt`` naming the file,
-never a wrong payload.
+A sealed segment (one appends moved past) gets a sidecar ``<key>~<segno>.idx`` (``RAFTQI2``):
+per record its first seq, count, offset and publish time, per message its length and payload
+size (``Columns``), so a restore rebuilds the in-memory index (``msgindex``) without reading
+payloads. It is a cache: written without fsync, checked (CRC and the segment size it
+describes), and rebuilt by scanning the segment when missing or bad; the segment being
+appended to is always scanned (at most one segment).
+
+CRC32 (zlib, stdlib C code, the check the journal uses) over the record; a read takes the
+whole record and checks magic, length, CRC, that the columns add up, that ``seq`` is in the
+record and that its length is the one asked for, so a damaged or misplaced record raises
+``StorageCorrupt`` naming the file, never a wrong payload. Records of several messages read
+lately stay decoded in a small cache (``CACHE_RECORDS``, ``CACHE_BYTES``): a receive of 100
+messages from one record reads and checks it once (``read_batch`` or ``read`` alike); the
+cache is dropped when the files are cut back (``truncate_to``, ``install``). A read at random
+costs its whole record (a batch of 100 x 1 KiB: ~100 KiB); consumers mostly read in order.
+
+Compaction rewrites, per record, each run of consecutive live messages as a new record at the
+tail (same publish time, same header and payload bytes).
 
 Segments leave in two steps. A segment whose records are all freed (or that a compaction
 emptied, or of a dropped stream) is *retired*: the state no longer refers to it, but the last
@@ -55,7 +73,9 @@ import threading
 import zlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from itertools import accumulate
+from operator import add, itemgetter
 from typing import Any, Protocol
 
 import msgpack
@@ -65,25 +85,38 @@ from raftq.cluster.storage import Disk, DiskFile, ReadFile, StorageCorrupt, Stor
 SEGMENT_BYTES = 8 << 20  # a segment is rolled once it holds this much (+ at most one record)
 FLUSH_BYTES = 256 << 10  # appends are buffered per stream up to this much, then written
 READERS = 64  # open read handles kept (least recently used closed first)
+CACHE_RECORDS = 32  # decoded records kept for reads (least recently used dropped first)
+CACHE_BYTES = 16 << 20  # ... and at most this many of their bytes
+READ_AHEAD = 256  # a read of a record not cached reads at least this much at once
 EXPORT_CHUNK = 1 << 20
-SEG_MAGIC = b"RAFTQS1\n"
+SEG_MAGIC = b"RAFTQS2\n"
 _SEG = struct.Struct("<Q")  # segno
 SEG_HEAD = len(SEG_MAGIC) + _SEG.size
-REC_MAGIC = 0x5251_5352  # "RSQR"
-_REC = struct.Struct("<IIIQQI")  # magic, crc32(rest), record length, seq, at, headers length
+REC_MAGIC = 0x3251_5352  # "RSQ2"
+_REC = struct.Struct("<IIIQIQ")  # magic, crc32(rest), record length, first seq, messages, at
+_HEAD = struct.Struct("<III")  # magic, crc32, record length
+_ONE = struct.Struct("<II")  # the columns of a record of one message
+_ONE_REC = struct.Struct("<IIIQIQII")  # a record of one message: _REC and its columns
+_ONE_REST = struct.Struct("<IQIQII")  # ... from its length on
+_MAGIC_CRC = struct.Struct("<II")
+_N_AT, _N_ONE = 20, b"\x01\x00\x00\x00"  # where a record's message count is; one
+_REST = struct.Struct("<IQIQ")  # the same from the length on (what the CRC starts with)
 REC_OVERHEAD = _REC.size
+PER_MESSAGE = 8  # column bytes a message adds: payload size u32, headers length u32
 _CRC_FROM = 8  # the CRC covers the record from its length field on
 MAX_SEGNO = (1 << 21) - 1  # locations stay below 2^53 (msgpack/JSON-safe integers)
 KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _NAME_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,199})~([0-9]{8,})\.seg")
 _IDX_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,199})~([0-9]{8,})\.idx")
-IDX_MAGIC = b"RAFTQI1\n"
-_IDX = struct.Struct("<QQQI")  # segno and size of the segment described, records, crc32
+IDX_MAGIC = b"RAFTQI2\n"
+_IDX = struct.Struct("<QQQQI")  # segno and size of the segment described, records, messages, crc
 _FRAME = struct.Struct("<HQI")  # export frame: name length, offset, data length
 COMPLETE = "COMPLETE"  # an import's staging directory holds every file, synced
 
-# marks: [[key, next_segno, [[segno, size, live_records, live_bytes], ...]], ...] (msgpack-able)
+# marks: [[key, next_segno, [[segno, size, live_messages, live_bytes], ...]], ...] (msgpack-able)
 Marks = list[list[Any]]
+Headers = Mapping[str, str] | None
+Message = tuple[bytes, dict[str, str] | None]  # what a read gives: payload, headers
 
 
 class StoreDisk(Disk, Protocol):
@@ -103,32 +136,57 @@ def idx_name(key: str, segno: int) -> str:
 
 
 class Columns:
-    """The records of one segment, in file order: packed columns (the restore input of
-    ``msgindex``)."""
+    """The messages of one segment, in file order, as packed columns (the restore input of
+    ``msgindex``): per record its first seq, message count, offset and publish time (its
+    messages have consecutive seqs); per message its length (its share of the record, what
+    ``free`` takes) and payload size. Per record, so appending a batch costs no work per
+    message here."""
 
-    __slots__ = ("at", "length", "offset", "seq", "size")
+    __slots__ = ("at", "count", "first", "length", "offset", "size")
 
     def __init__(self) -> None:
-        self.seq = array("q")
-        self.offset = array("I")
-        self.length = array("I")
-        self.size = array("I")  # payload bytes
-        self.at = array("q")  # published_at ms
+        self.first = array("q")  # per record: seq of its first message
+        self.count = array("I")  # ... its messages
+        self.offset = array("I")  # ... its offset in the segment
+        self.at = array("q")  # ... published_at ms
+        self.length = array("I")  # per message: its share of its record's length
+        self.size = array("I")  # ... payload bytes
 
-    def add(self, rec: bytes | memoryview, offset: int) -> None:
-        _, _, length, seq, at, hlen = _REC.unpack_from(rec)
-        self.seq.append(seq)
+    def __len__(self) -> int:
+        return len(self.length)
+
+    def add(
+        self, first: int, at: int, offset: int, lengths: Sequence[int], sizes: Sequence[int]
+    ) -> None:
+        self.first.append(first)
+        self.count.append(len(sizes))
         self.offset.append(offset)
-        self.length.append(length)
-        self.size.append(length - REC_OVERHEAD - hlen)
         self.at.append(at)
+        self.length.extend(lengths)
+        self.size.extend(sizes)
+
+    def add_one(self, seq: int, at: int, offset: int, length: int, size: int) -> None:
+        self.first.append(seq)
+        self.count.append(1)
+        self.offset.append(offset)
+        self.at.append(at)
+        self.length.append(length)
+        self.size.append(size)
+
+    def rows(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """(seq, its record's offset, length, payload size, published_at) per message."""
+        j = 0
+        for first, n, off, at in zip(self.first, self.count, self.offset, self.at, strict=True):
+            for i in range(n):
+                yield first + i, off, self.length[j + i], self.size[j + i], at
+            j += n
 
     def _arrays(self) -> tuple[array[int], ...]:
-        return self.seq, self.offset, self.length, self.size, self.at
+        return self.first, self.count, self.offset, self.at, self.length, self.size
 
     def encode(self, segno: int, seg_size: int) -> bytes:
         cols = b"".join(_le(a).tobytes() for a in self._arrays())
-        head = _IDX.pack(segno, seg_size, len(self.seq), zlib.crc32(cols))
+        head = _IDX.pack(segno, seg_size, len(self.first), len(self.length), zlib.crc32(cols))
         return IDX_MAGIC + head + cols
 
     @classmethod
@@ -137,18 +195,22 @@ class Columns:
         head = len(IDX_MAGIC) + _IDX.size
         if len(data) < head or not data.startswith(IDX_MAGIC):
             return None
-        got, size, n, crc = _IDX.unpack_from(data, len(IDX_MAGIC))
+        got, size, records, messages, crc = _IDX.unpack_from(data, len(IDX_MAGIC))
         cols = memoryview(data)[head:]
         c = cls()
-        if (got, size) != (segno, seg_size) or len(cols) != n * 28 or zlib.crc32(cols) != crc:
+        if (
+            (got, size) != (segno, seg_size)
+            or len(cols) != records * 24 + messages * 8
+            or zlib.crc32(cols) != crc
+        ):
             return None
         off = 0
-        for a in c._arrays():
+        for a, n in zip(c._arrays(), (records,) * 4 + (messages,) * 2, strict=True):
             a.frombytes(cols[off : off + n * a.itemsize])
             off += n * a.itemsize
             if sys.byteorder != "little":
                 a.byteswap()
-        return c
+        return c if sum(c.count) == messages else None
 
 
 def _le(a: array[int]) -> array[int]:
@@ -159,40 +221,149 @@ def _le(a: array[int]) -> array[int]:
     return b
 
 
-def encode_record(seq: int, at: int, payload: bytes, headers: Mapping[str, str] | None) -> bytes:
-    hdr = msgpack.packb(dict(headers)) if headers else b""
-    size = REC_OVERHEAD + len(hdr) + len(payload)
-    rest = _REC.pack(REC_MAGIC, 0, size, seq, at, len(hdr))[_CRC_FROM:]
-    crc = zlib.crc32(payload, zlib.crc32(hdr, zlib.crc32(rest)))
-    return struct.pack("<II", REC_MAGIC, crc) + rest + hdr + payload
+_HEADERS = itemgetter(1)
 
 
-def check_record(
-    data: bytes | memoryview, path: str, offset: int, seq: int | None = None
-) -> tuple[int, int]:
-    """(seq, headers length) of the record that ``data`` is exactly; raises StorageCorrupt
-    naming ``path`` and ``offset`` when it is not intact (or not ``seq``)."""
+class Encoded:
+    """A record ready to append (``head`` + ``body``), and per message its payload size and
+    length: its share of the record's length, payload plus packed headers, the first one
+    also carrying the record's fixed part and columns, so the shares add up to the record."""
+
+    __slots__ = ("at", "body", "first_seq", "head", "n", "shares", "shares_col", "sizes")
+
+    def __init__(
+        self, first_seq: int, at: int, payloads: Sequence[bytes], hdrs: Sequence[bytes] | None
+    ) -> None:
+        n = len(payloads)
+        fixed = REC_OVERHEAD + PER_MESSAGE * n
+        self.sizes: Sequence[int]
+        self.shares_col: Sequence[int]  # ``shares`` packed, for the segment's columns
+        if n == 1:  # a publish of one message: no arrays
+            payload, hdr = payloads[0], (hdrs[0] if hdrs else b"")
+            body = b"".join((_ONE.pack(len(payload), len(hdr)), hdr, payload))
+            shares = [fixed + len(payload) + len(hdr)]
+            self.sizes, self.shares_col = (len(payload),), shares
+        elif hdrs is None:  # no message has headers (the common case): a column of zeros
+            sizes = array("I", map(len, payloads))
+            shares = sizes.tolist()
+            body = b"".join([_le(sizes).tobytes(), bytes(4 * n), *payloads])
+            col = array("I", sizes)  # a copy (C speed), then the first one's fixed part
+            col[0] += fixed
+            self.sizes, self.shares_col = sizes, col
+            shares[0] += fixed
+        else:
+            sizes = array("I", map(len, payloads))
+            hlens = array("I", map(len, hdrs))
+            shares = list(map(add, sizes, hlens))
+            shares[0] += fixed
+            body = b"".join([_le(sizes).tobytes(), _le(hlens).tobytes(), *hdrs, *payloads])
+            self.sizes, self.shares_col = sizes, array("I", shares)
+        rest = _REST.pack(len(body) + REC_OVERHEAD, first_seq, n, at)
+        crc = zlib.crc32(body, zlib.crc32(rest))
+        self.head = struct.pack("<II", REC_MAGIC, crc) + rest
+        self.body, self.first_seq, self.at, self.n, self.shares = body, first_seq, at, n, shares
+
+
+def encode_record(first_seq: int, at: int, items: Sequence[tuple[bytes, Headers]]) -> Encoded:
+    """One record of messages ``first_seq``, ``first_seq + 1``, ... published at ``at``."""
+    if not items:
+        raise ValueError("a record holds at least one message")
+    payloads = [p for p, _ in items]
+    if not any(map(_HEADERS, items)):
+        return Encoded(first_seq, at, payloads, None)
+    hdrs = [msgpack.packb(dict(h)) if h else b"" for _, h in items]
+    return Encoded(first_seq, at, payloads, hdrs)
+
+
+class Record:
+    """A decoded record whose checksum and columns were checked (``decode_record``): messages
+    ``first_seq`` .. ``first_seq + n - 1``; offsets into ``data`` of each one's headers
+    (``hstart[i]`` .. ``hstart[i + 1]``) and payload (``pstart``)."""
+
+    __slots__ = ("at", "data", "first_seq", "hstart", "n", "offset", "path", "pstart")
+
+    def __init__(
+        self,
+        data: bytes,
+        where: tuple[str, int],
+        head: tuple[int, int, int],
+        hstart: list[int],
+        pstart: list[int],
+    ) -> None:
+        self.data, (self.path, self.offset), (self.first_seq, self.n, self.at) = data, where, head
+        self.hstart, self.pstart = hstart, pstart
+
+    def sizes(self) -> array[int]:
+        p = self.pstart
+        return array("I", [p[i + 1] - p[i] for i in range(self.n)])
+
+    def shares(self) -> array[int]:
+        return array("I", [self.share(i) for i in range(self.n)])
+
+    def share(self, i: int) -> int:
+        p, h = self.pstart, self.hstart
+        fixed = REC_OVERHEAD + PER_MESSAGE * self.n if i == 0 else 0
+        return p[i + 1] - p[i] + h[i + 1] - h[i] + fixed
+
+    def raw(self, i: int) -> tuple[bytes, bytes]:
+        """(payload, packed headers or b"") of message ``first_seq + i``."""
+        p, h, d = self.pstart, self.hstart, self.data
+        return d[p[i] : p[i + 1]], d[h[i] : h[i + 1]]
+
+    def message(self, i: int) -> Message:
+        payload, hdr = self.raw(i)
+        return payload, (msgpack.unpackb(hdr, raw=False) if hdr else None)
+
+
+def _decode_one(data: bytes, path: str, offset: int, seq: int, length: int) -> Message:
+    """``decode_record`` and ``read`` of a record of one message, in one step (the common
+    publish of one message); the same checks and errors."""
+    if len(data) < _ONE_REC.size:
+        raise StorageCorrupt(f"{path}: short record at offset {offset} ({len(data)} bytes)")
+    magic, crc, size, first, _, _, psize, hlen = _ONE_REC.unpack_from(data)
+    if magic != REC_MAGIC or size != len(data):
+        raise StorageCorrupt(f"{path}: bad record header at offset {offset}")
+    if zlib.crc32(memoryview(data)[_CRC_FROM:]) != crc:
+        raise StorageCorrupt(f"{path}: checksum mismatch in the record at offset {offset}")
+    if size != _ONE_REC.size + psize + hlen:
+        raise StorageCorrupt(f"{path}: the columns of the record at offset {offset} do not add up")
+    if first != seq:
+        raise StorageCorrupt(
+            f"{path}: record at offset {offset} holds seqs {first}..{first}, not {seq}"
+        )
+    if size != length:
+        raise StorageCorrupt(
+            f"{path}: seq {seq} at offset {offset} has length {size}, not {length}"
+        )
+    start = _ONE_REC.size + hlen
+    hdr = data[_ONE_REC.size : start]
+    return data[start:], (msgpack.unpackb(hdr, raw=False) if hlen else None)
+
+
+def decode_record(data: bytes, path: str, offset: int) -> Record:
+    """The record that ``data`` is exactly; raises StorageCorrupt naming ``path`` and
+    ``offset`` when it is not intact."""
     if len(data) < REC_OVERHEAD:
         raise StorageCorrupt(f"{path}: short record at offset {offset} ({len(data)} bytes)")
-    magic, crc, size, got, _, hlen = _REC.unpack_from(data)
-    if magic != REC_MAGIC or size != len(data) or REC_OVERHEAD + hlen > size:
+    magic, crc, size, first, n, at = _REC.unpack_from(data)
+    if magic != REC_MAGIC or size != len(data) or not 0 < n <= (size - REC_OVERHEAD) // 8:
         raise StorageCorrupt(f"{path}: bad record header at offset {offset}")
-    if zlib.crc32(data[_CRC_FROM:]) != crc:
+    if zlib.crc32(memoryview(data)[_CRC_FROM:]) != crc:
         raise StorageCorrupt(f"{path}: checksum mismatch in the record at offset {offset}")
-    if seq is not None and got != seq:
-        raise StorageCorrupt(f"{path}: record at offset {offset} is seq {got}, not {seq}")
-    return got, hlen
-
-
-def decode_record(
-    data: bytes | memoryview, path: str, offset: int, seq: int | None = None
-) -> tuple[int, bytes, dict[str, str] | None]:
-    """(seq, payload, headers) of the record that ``data`` is exactly; raises StorageCorrupt
-    naming ``path`` and ``offset`` when it is not intact (or not ``seq``)."""
-    got, hlen = check_record(data, path, offset, seq)
-    hdr = bytes(data[REC_OVERHEAD : REC_OVERHEAD + hlen])
-    headers = msgpack.unpackb(hdr, raw=False) if hlen else None
-    return got, bytes(data[REC_OVERHEAD + hlen :]), headers
+    fixed = REC_OVERHEAD + PER_MESSAGE * n
+    if n == 1:  # the common single message: no arrays
+        psize, hlen = _ONE.unpack_from(data, REC_OVERHEAD)
+        hstart, pstart = [fixed, fixed + hlen], [fixed + hlen, fixed + hlen + psize]
+    else:
+        cols = array("I")
+        cols.frombytes(data[REC_OVERHEAD:fixed])
+        if sys.byteorder != "little":
+            cols.byteswap()
+        hstart = list(accumulate(cols[n:], initial=fixed))
+        pstart = list(accumulate(cols[:n], initial=hstart[-1]))
+    if pstart[-1] != size:
+        raise StorageCorrupt(f"{path}: the columns of the record at offset {offset} do not add up")
+    return Record(data, (path, offset), (first, n, at), hstart, pstart)
 
 
 class _Seg:
@@ -255,6 +426,8 @@ class SegmentStore:
         self._streams: dict[str, _Stream] = {}
         self._dropped: set[str] = set()  # keys never to be used again (in this process)
         self._readers: OrderedDict[str, ReadFile] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int], Record] = OrderedDict()  # (path, offset)
+        self._cached = 0  # bytes of the cached records
         self._names_dirty = False  # a segment was created since the last directory sync
         self._live_bytes = 0  # sum of the segments' live_bytes
         self._seg_bytes = 0  # sum of the segments' sizes
@@ -275,35 +448,51 @@ class SegmentStore:
     # ------------------------------------------------------------ appending and reading
 
     def append(
-        self,
-        key: str,
-        seq: int,
-        at: int,
-        payload: bytes,
-        headers: Mapping[str, str] | None = None,
+        self, key: str, seq: int, at: int, payload: bytes, headers: Headers = None
     ) -> tuple[int, int]:
-        """Append a record of message ``seq`` published at ``at`` (ms); returns its location
-        and length (what ``read`` needs)."""
-        return self.append_raw(key, encode_record(seq, at, payload, headers))
+        """Append message ``seq`` published at ``at`` (ms), a record of its own; returns its
+        location and length (what ``read`` and ``free`` take). The bytes are those of
+        ``append_batch`` of one message, written without its general machinery."""
+        hdr = msgpack.packb(dict(headers)) if headers else b""
+        size = _ONE_REC.size + len(hdr) + len(payload)
+        rest = _ONE_REST.pack(size, seq, 1, at, len(payload), len(hdr))
+        crc = zlib.crc32(payload, zlib.crc32(hdr, zlib.crc32(rest)))
+        seg = self._tail_for(key)
+        off = seg.size
+        if seg.cols is not None:
+            seg.cols.add_one(seq, at, off, size, len(payload))
+        seg.buf += _MAGIC_CRC.pack(REC_MAGIC, crc)
+        seg.buf += rest
+        seg.buf += hdr
+        seg.buf += payload
+        self._grew(seg, size, 1)
+        return location(seg.segno, off), size
 
     def append_batch(
-        self,
-        key: str,
-        first_seq: int,
-        at: int,
-        items: Sequence[tuple[bytes, Mapping[str, str] | None]],
+        self, key: str, first_seq: int, at: int, items: Sequence[tuple[bytes, Headers]]
     ) -> tuple[list[int], list[int]]:
-        """Append messages ``first_seq``, ``first_seq + 1``, ... published at ``at``; returns
-        each one's location and length (what ``read`` and ``free`` take)."""
-        locs: list[int] = []
-        lengths: list[int] = []
-        for i, (payload, headers) in enumerate(items):
-            loc, n = self.append_raw(key, encode_record(first_seq + i, at, payload, headers))
-            locs.append(loc)
-            lengths.append(n)
-        return locs, lengths
+        """Append messages ``first_seq``, ``first_seq + 1``, ... published at ``at`` as one
+        record; returns per message its location (the record's) and its share of the record's
+        length (the shares add up to it): what ``read`` and ``free`` take."""
+        if len(items) <= 1:
+            if not items:
+                return [], []
+            loc, size = self.append(key, first_seq, at, *items[0])
+            return [loc], [size]
+        return self._put(key, encode_record(first_seq, at, items))
 
-    def append_raw(self, key: str, rec: bytes) -> tuple[int, int]:
+    def _put(self, key: str, rec: Encoded) -> tuple[list[int], list[int]]:
+        seg = self._tail_for(key)
+        loc = location(seg.segno, seg.size)
+        if seg.cols is not None:  # array to array: copies, no work per message
+            seg.cols.add(rec.first_seq, rec.at, seg.size, rec.shares_col, rec.sizes)
+        seg.buf += rec.head
+        seg.buf += rec.body
+        self._grew(seg, REC_OVERHEAD + len(rec.body), rec.n)
+        return [loc] * rec.n, rec.shares
+
+    def _tail_for(self, key: str) -> _Seg:
+        """The segment the next record of ``key`` goes to."""
         self._check()
         st = self._streams.get(key)
         if st is None:
@@ -311,26 +500,81 @@ class SegmentStore:
         seg = st.tail()
         if seg is None or seg.size >= self.segment_bytes:
             seg = self._roll(st)
-        loc = location(seg.segno, seg.size)
-        if seg.cols is not None:
-            seg.cols.add(rec, seg.size)
-        seg.buf += rec
-        seg.size += len(rec)
-        seg.live += 1
-        seg.live_bytes += len(rec)
-        self._live_bytes += len(rec)
-        self._seg_bytes += len(rec)
+        return seg
+
+    def _grew(self, seg: _Seg, size: int, messages: int) -> None:
+        seg.size += size
+        seg.live += messages
+        seg.live_bytes += size
+        self._live_bytes += size
+        self._seg_bytes += size
         if len(seg.buf) >= self.flush_bytes:
             self._flush(seg)
-        return loc, len(rec)
 
-    def read(
-        self, key: str, seq: int, loc: int, length: int
-    ) -> tuple[bytes, dict[str, str] | None]:
-        """The payload and headers of record ``seq`` at ``loc``; StorageCorrupt naming the file
-        when it is missing, short or damaged, never another record's payload."""
+    def read(self, key: str, seq: int, loc: int, length: int) -> Message:
+        """The payload and headers of message ``seq`` in the record at ``loc`` (``length``: its
+        share); StorageCorrupt naming the file when it is missing, short or damaged, never
+        another message's payload."""
         self._check()
-        segno, off = loc >> 32, loc & 0xFFFF_FFFF
+        got = self._message_or_record(key, seq, loc, length)
+        if isinstance(got, Record):
+            return got.message(self._index(got, seq, length))
+        return got
+
+    def _message_or_record(self, key: str, seq: int, loc: int, length: int) -> Message | Record:
+        """The checked record at ``loc`` (cached or read), or, for a record of one message
+        not cached, that message at once (the common publish of one: no ``Record``)."""
+        seg = self._segment(key, seq, loc)
+        off = loc & 0xFFFF_FFFF
+        rec = self._cache.get((seg.path, off))
+        if rec is not None:
+            self._cache.move_to_end((seg.path, off))
+            return rec
+        data = self._load(seg, off, length)
+        if data[_N_AT : _N_AT + 4] == _N_ONE:
+            return _decode_one(data, seg.path, off, seq, length)
+        return self._decoded(seg, off, data)
+
+    def read_batch(self, key: str, items: Iterable[tuple[int, int, int]]) -> list[Message]:
+        """``read`` of each ``(seq, location, length)``; a record read and checked once serves
+        all of its messages (the cache keeps the recent ones)."""
+        self._check()
+        out: list[Message] = []
+        last, rec = -1, None
+        for seq, loc, length in items:
+            if loc != last or rec is None:
+                got = self._message_or_record(key, seq, loc, length)
+                if not isinstance(got, Record):
+                    out.append(got)
+                    rec = None
+                    continue
+                rec, last = got, loc
+            out.append(rec.message(self._index(rec, seq, length)))
+        return out
+
+    @staticmethod
+    def _index(rec: Record, seq: int, length: int) -> int:
+        i = seq - rec.first_seq
+        if not 0 <= i < rec.n:
+            raise StorageCorrupt(
+                f"{rec.path}: record at offset {rec.offset} holds seqs"
+                f" {rec.first_seq}..{rec.first_seq + rec.n - 1}, not {seq}"
+            )
+        if rec.share(i) != length:
+            raise StorageCorrupt(
+                f"{rec.path}: seq {seq} at offset {rec.offset} has length"
+                f" {rec.share(i)}, not {length}"
+            )
+        return i
+
+    def _decoded(self, seg: _Seg, off: int, data: bytes) -> Record:
+        rec = decode_record(data, seg.path, off)
+        if rec.n > 1:  # a record of one message is read again only by a retry
+            self._remember((seg.path, off), rec)
+        return rec
+
+    def _segment(self, key: str, seq: int, loc: int) -> _Seg:
+        segno = loc >> 32
         st = self._streams.get(key)
         seg = st.segs.get(segno) if st is not None else None
         if seg is None:
@@ -339,18 +583,50 @@ class SegmentStore:
                 seg = self._gone.get(path)
             if seg is None:
                 raise StorageCorrupt(f"{path}: no such segment (reading seq {seq})")
+        return seg
+
+    def _load(self, seg: _Seg, off: int, hint: int) -> bytes:
+        """The bytes of the record at ``off`` (as long as its header says; not checked
+        further). One read in the common case: a record of one message is ``hint`` long."""
+        if off < SEG_HEAD or off + REC_OVERHEAD > seg.size:
+            raise StorageCorrupt(f"{seg.path}: no record at offset {off} ({seg.size} bytes)")
+        data = self._bytes(seg, off, min(max(hint, READ_AHEAD), seg.size - off))
+        magic, _, length = _HEAD.unpack_from(data)
+        if magic != REC_MAGIC or length < REC_OVERHEAD:
+            raise StorageCorrupt(f"{seg.path}: bad record header at offset {off}")
         if off + length > seg.size:
             raise StorageCorrupt(
                 f"{seg.path}: record at offset {off} ends past the segment ({seg.size} bytes)"
             )
+        if length < len(data):
+            return data[:length]
+        if length > len(data):
+            return data + self._bytes(seg, off + len(data), length - len(data))
+        return data
+
+    def _bytes(self, seg: _Seg, off: int, size: int) -> bytes:
         if off >= seg.flushed:
-            data = bytes(seg.buf[off - seg.flushed : off - seg.flushed + length])
-        else:
-            if off + length > seg.flushed:
-                self._flush(seg)
-            data = self._pread(seg.path, length, off)
-        _, payload, headers = decode_record(data, seg.path, off, seq)
-        return payload, headers
+            return bytes(seg.buf[off - seg.flushed : off - seg.flushed + size])
+        if off + size > seg.flushed:
+            self._flush(seg)
+        data = self._pread(seg.path, size, off)
+        if len(data) != size:
+            raise StorageCorrupt(f"{seg.path}: short read of {size} bytes at offset {off}")
+        return data
+
+    def _remember(self, where: tuple[str, int], rec: Record) -> None:
+        size = len(rec.data)
+        if size > CACHE_BYTES:
+            return
+        cache = self._cache
+        cache[where] = rec
+        self._cached += size
+        while len(cache) > CACHE_RECORDS or self._cached > CACHE_BYTES:
+            self._cached -= len(cache.popitem(last=False)[1].data)
+
+    def _forget_records(self) -> None:
+        self._cache.clear()
+        self._cached = 0
 
     def _pread(self, path: str, size: int, offset: int) -> bytes:
         f = self._readers.get(path)
@@ -433,10 +709,11 @@ class SegmentStore:
     def compact(
         self, key: str, segno: int, is_live: Callable[[int, int], bool]
     ) -> dict[int, tuple[int, int]]:
-        """Copy the live records of a segment (``is_live(seq, loc)``: the caller's index still
-        points there) to the stream's tail, retire the segment, and return ``{seq: new
-        location, length}`` for the caller's index. Deterministic: the
-        same files and index give the same result on every replica."""
+        """Copy the live messages of a segment (``is_live(seq, loc)``: the caller's index still
+        points at that record) to the stream's tail, each run of consecutive live messages of
+        a record as a new record, retire the segment, and return ``{seq: (new location,
+        length)}`` for the caller's index. Deterministic: the same files and index give the
+        same result on every replica."""
         self._check()
         st = self._streams[key]
         seg = st.segs[segno]
@@ -445,13 +722,29 @@ class SegmentStore:
         self._flush(seg)
         data = self._pread(seg.path, seg.size, 0)
         moved: dict[int, tuple[int, int]] = {}
-        for off, rec in self._records(seg, data):
-            seq = check_record(rec, seg.path, off)[0]
-            if is_live(seq, location(segno, off)):
-                moved[seq] = self.append_raw(key, bytes(rec))
+        for rec in self._records(seg, data):
+            loc, first = location(segno, rec.offset), rec.first_seq
+            if rec.n == 1:  # the common record of one message: copied as it is
+                if is_live(first, loc):
+                    moved[first] = (self._put_record(key, rec), len(rec.data))
+                continue
+            live = [i for i in range(rec.n) if is_live(first + i, loc)]
+            if len(live) == rec.n:  # all of it: the same bytes a rewrite would give
+                new_loc = self._put_record(key, rec)
+                for i, share in enumerate(rec.shares()):
+                    moved[first + i] = (new_loc, share)
+                continue
+            for run in _runs(live):
+                raws = [rec.raw(i) for i in run]
+                hdrs = [h for _, h in raws]
+                new = Encoded(rec.first_seq + run[0], rec.at, [p for p, _ in raws],
+                              hdrs if any(hdrs) else None)  # fmt: skip
+                locs, shares = self._put(key, new)
+                for i, new_loc, share in zip(run, locs, shares, strict=True):
+                    moved[rec.first_seq + i] = (new_loc, share)
         if len(moved) != seg.live:  # a bug, not bad luck: stop before anything is lost
             self._broken = StorageError(
-                f"{seg.path}: {len(moved)} live records found, {seg.live} expected:"
+                f"{seg.path}: {len(moved)} live messages found, {seg.live} expected:"
                 " the index and the store disagree"
             )
             raise self._broken
@@ -732,15 +1025,24 @@ class SegmentStore:
         self._flush(seg)
         data = self._pread(seg.path, seg.size, 0)
         cols = Columns()
-        for off, rec in self._records(seg, data):
-            check_record(rec, seg.path, off)
-            cols.add(rec, off)
+        for rec in self._records(seg, data):
+            _add_columns(cols, rec, rec.offset)
         return cols
 
-    def _records(self, seg: _Seg, data: bytes) -> Iterator[tuple[int, memoryview]]:
+    def _put_record(self, key: str, rec: Record) -> int:
+        """Append a copy of a checked record (compaction); returns its new location."""
+        seg = self._tail_for(key)
+        off = seg.size
+        if seg.cols is not None:
+            _add_columns(seg.cols, rec, off)
+        seg.buf += rec.data
+        self._grew(seg, len(rec.data), rec.n)
+        return location(seg.segno, off)
+
+    def _records(self, seg: _Seg, data: bytes) -> Iterator[Record]:
+        """The records of a segment's bytes, each checked."""
         if len(data) != seg.size:
             raise StorageCorrupt(f"{seg.path}: {len(data)} bytes on disk, expected {seg.size}")
-        view = memoryview(data)
         off = SEG_HEAD
         while off < seg.size:
             if off + REC_OVERHEAD > seg.size:
@@ -748,7 +1050,7 @@ class SegmentStore:
             length = _REC.unpack_from(data, off)[2]
             if length < REC_OVERHEAD:
                 raise StorageCorrupt(f"{seg.path}: bad record header at offset {off}")
-            yield off, view[off : off + length]
+            yield decode_record(data[off : off + length], seg.path, off)
             off += length
 
     def _flush(self, seg: _Seg) -> None:
@@ -790,6 +1092,7 @@ class SegmentStore:
                 r.close()
 
     def _close_all(self) -> None:
+        self._forget_records()
         for st in self._streams.values():
             for seg in st.segs.values():
                 self._close_writer(seg)
@@ -917,6 +1220,25 @@ class StoreImporter:
         for name in self.disk.listdir(self.dir):
             with contextlib.suppress(OSError):
                 self.disk.remove(os.path.join(self.dir, name))
+
+
+def _add_columns(cols: Columns, rec: Record, offset: int) -> None:
+    if rec.n == 1:
+        cols.add_one(rec.first_seq, rec.at, offset, len(rec.data), rec.pstart[1] - rec.pstart[0])
+    else:
+        cols.add(rec.first_seq, rec.at, offset, rec.shares(), rec.sizes())
+
+
+def _runs(indexes: list[int]) -> Iterator[list[int]]:
+    """Runs of consecutive numbers of an ascending list."""
+    run: list[int] = []
+    for i in indexes:
+        if run and i != run[-1] + 1:
+            yield run
+            run = []
+        run.append(i)
+    if run:
+        yield run
 
 
 def files_of(marks: Sequence[Sequence[Any]]) -> list[str]:
