@@ -150,7 +150,8 @@ class _SimFile(FileWrapper):
 
 
 def power_loss(shadow_dir: str, data_dir: str, torn: random.Random | None = None) -> dict[str, int]:
-    """Rebuild ``data_dir`` from durable state only; returns the surviving files' sizes.
+    """Rebuild ``data_dir`` from durable state only; returns the surviving files' sizes (by
+    path relative to ``data_dir``). Directories are kept as they are.
 
     With ``torn``, a file whose unsynced changes only add bytes (appended, or written over
     zero-filled space) keeps a random prefix of them, as a disk may write back part of the
@@ -159,15 +160,17 @@ def power_loss(shadow_dir: str, data_dir: str, torn: random.Random | None = None
         state = json.load(f)
     d = os.path.abspath(data_dir)
     current: dict[str, bytes] = {}
-    for name in os.listdir(d):
-        path = os.path.join(d, name)
-        with open(path, "rb") as f:
-            current[path] = f.read()
-        os.unlink(path)
+    for root, _, names in os.walk(d):  # (the payload store is a subdirectory)
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                current[path] = f.read()
+            os.unlink(path)
     sizes = {}
     for path, ino in state["dur"].items():
-        if os.path.dirname(path) != d:
+        if not path.startswith(d + os.sep):
             continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
             with open(os.path.join(shadow_dir, f"ino-{ino}"), "rb") as f:
                 data = f.read()
@@ -182,7 +185,7 @@ def power_loss(shadow_dir: str, data_dir: str, torn: random.Random | None = None
                 data = now[:cut] + data[cut:]
         with open(path, "wb") as f:
             f.write(data)
-        sizes[os.path.basename(path)] = len(data)
+        sizes[os.path.relpath(path, d)] = len(data)
     state["cur"] = dict(state["dur"])
     with open(os.path.join(shadow_dir, "state.json"), "w") as f:
         json.dump(state, f)

@@ -568,7 +568,7 @@ async def test_a_snapshot_install_stops_our_own_snapshot_writer_first(tmp_path: 
         def install() -> None:
             assert node._snaps is not None
             node._snaps._pid = pid
-            done.append(node._snaps.setTransmissionData((blob, True, True)))
+            done.append(node._snaps.setTransmissionData((b"S" + blob, True, True)))
 
         node._ticks.calls.append(install)
         node._ticks.wake()
@@ -1190,7 +1190,7 @@ async def test_a_follower_that_fails_to_install_a_snapshot_acks_nothing(
                 journal._disk = FullDisk()
             term = raft.term + 1
             chunk = {"type": "append_entries", "term": term, "commit_index": 4,
-                     "serialized": (blob, True, True)}  # fmt: skip
+                     "serialized": (b"S" + blob, True, True)}  # fmt: skip
             node._inbound.on_message(peer, chunk)
 
             def record(to: Any, msg: Any) -> bool:

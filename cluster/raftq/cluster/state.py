@@ -509,12 +509,20 @@ class Broker:
         """Fill in the payloads of this batch's deliveries (records freed or moved by a
         later command of the batch stay readable until the next snapshot commits)."""
         reads, self._reads = self._reads, []
-        if read:
-            store_read = self.store.read
-            for d, key, seq, loc, length in reads:
-                payload, hdrs = store_read(key, seq, loc, length)
-                d["payload"] = payload
-                d["headers"] = hdrs or {}
+        if read and reads:
+            i, n = 0, len(reads)
+            while i < n:  # a run of one stream's reads: one read_batch (a record read once)
+                key = reads[i][1]
+                j = i + 1
+                while j < n and reads[j][1] == key:
+                    j += 1
+                run = reads[i:j]
+                got = self.store.read_batch(key, [(r[2], r[3], r[4]) for r in run])
+                for r, (payload, hdrs) in zip(run, got, strict=True):
+                    d = r[0]
+                    d["payload"] = payload
+                    d["headers"] = hdrs or {}
+                i = j
         if self._in_memory:
             self.store.commit(MEM_COMMIT)
 
