@@ -793,6 +793,10 @@ class SegmentStore:
                     raise self._fail(self.dir, "directory fsync failed", e) from e
             self._names_dirty = False
 
+    def retiring(self) -> bool:
+        """Are retired segments waiting for a ``commit`` to be deleted?"""
+        return bool(self._retired)
+
     def commit(self, epoch: int) -> None:
         """The snapshot of ``marks()`` epoch ``epoch`` is durable: delete the segments retired
         before it, except pinned ones (deleted when unpinned)."""

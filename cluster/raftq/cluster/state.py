@@ -523,7 +523,7 @@ class Broker:
                     d["payload"] = payload
                     d["headers"] = hdrs or {}
                 i = j
-        if self._in_memory:
+        if self._in_memory and self.store.retiring():
             self.store.commit(MEM_COMMIT)
 
     def _dispatch(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -776,9 +776,11 @@ class Broker:
         dedup = t.dedup
         window = round(cfg["dedup_window"] * 1000)
         # Validate everything first: a rejected batch stores nothing.
-        # (payload, headers), and (idempotency key, delay, ordering key) in step
+        # (payload, headers) and payload sizes in step; (seq, delay, ordering key) of the
+        # messages that have more than a payload and a key (the clients' common shapes).
         staged: list[tuple[bytes, dict[str, str] | None]] = []
-        extra: list[tuple[str | None, int, str | None]] = []
+        sizes: list[int] = []
+        extra: list[tuple[int, int, str | None]] = []
         keyed = False
         batch_keys: dict[str, int] = {}
         results: list[dict[str, Any]] = []
@@ -815,18 +817,18 @@ class Broker:
                     results.append({"seq": batch_keys[key], "duplicate": True})
                     continue
                 batch_keys[key] = first + len(staged)
-            if plain:
-                extra.append((key, 0, None))
-            else:
+            if not plain:
                 delay = m.get("delay")
                 delay_ms = 0 if delay is None else v.seconds_ms(delay, "delay", 0, v.MAX_DELAY_S)
                 okey = m.get("ordering_key")
                 if okey is not None:
                     okey = v.ordering_key(okey, f"messages[{i}].ordering_key")
                     keyed = True
-                extra.append((key, delay_ms, okey))
+                if delay_ms or okey is not None:
+                    extra.append((first + len(staged), delay_ms, okey))
             results.append({"seq": first + len(staged), "duplicate": False})
             staged.append((payload, hdrs))
+            sizes.append(size)
             add_bytes += size
         max_n, max_b = cfg["max_messages"], cfg["max_bytes"]
         n = len(staged)
@@ -862,19 +864,18 @@ class Broker:
         groups = list(t.groups.values())
         ngroups = len(groups)
         n_fresh = n
-        keys: list[str] = []
         if keyed:
             self._keyed = True
         if n:  # one store append per command: the records of the whole batch
             locs, lengths = self.store.append_batch(t.key, first, now, staged)
-            t.index.extend(locs, lengths, [len(p) for p, _ in staged], now, ngroups)
-        for j, (key, delay_ms, okey) in enumerate(extra):
-            seq = first + j
+            t.index.extend(locs, lengths, sizes, now, ngroups)
+        # batch_keys holds exactly this publish's new keys, in order, with their seqs.
+        keys = list(batch_keys) if window and batch_keys else None
+        if keys:
+            dedup.update(batch_keys)
+        for seq, delay_ms, okey in extra:
             if okey is not None:
                 t.okeys[seq] = okey
-            if key is not None and window:
-                dedup[key] = seq
-                keys.append(key)
             if delay_ms:
                 n_fresh -= 1
                 due = now + delay_ms
