@@ -134,6 +134,8 @@ def _store_round(c: RaftCluster, r: int, backlog: _Backlog, torn: random.Random)
         c.propose([{"op": "publish", "topic": "t", "messages": msgs}])
         backlog.kept += [m["payload"] for m in msgs]
         i += n
+    snaps = {p.id: p.ok("stats")["snapshots"] for p in c.nodes.values()}
+    assert all(snaps.values()), f"a node took no snapshot: {snaps}"
     leader = c.leader()
     for k in range(5):  # in flight: may or may not survive
         msgs = [{"payload": _payload(r, i + k * 3 + j)} for j in range(1 + k % 3)]
