@@ -4,6 +4,7 @@ a restart once space is freed catches up, a torn tail is cut at restart."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -219,5 +220,37 @@ async def test_a_torn_store_tail_is_cut_at_restart(tmp_path: Path, tail: str) ->
         node.read(lambda b: b.store.marks())
         after = {p.name: p.read_bytes() for p in _segments(tmp_path)}
         assert after == before, "the tail was not cut back to the same bytes"
+    finally:
+        await ns.close()
+
+
+async def test_a_damaged_segment_sent_in_a_snapshot_stops_the_follower_not_the_leader(
+    tmp_path: Path,
+) -> None:
+    """The export sends files as they are; the follower checks what it installed (segments
+    without a sidecar are scanned record by record) and stops naming the file; the leader
+    serves on."""
+    ns = Nodes(tmp_path, 3, compaction=40)
+    try:
+        for nid in ns.addrs:
+            ns.start(nid, store_segment_bytes=SEGMENT)
+        leader = await ns.leader()
+        await leader.propose([{"op": "create_topic", "topic": "t"}])
+        lagging = next(k for k, n in ns.nodes.items() if n is not leader)
+        await ns.stop(lagging)
+        shutil.rmtree(tmp_path / lagging)
+        for i in range(60):  # > compaction: the follower needs the snapshot
+            await leader.propose([pub("t", _payload(i))])
+        await until("a leader snapshot", lambda: leader.stats["snapshots"] >= 1)
+        lid = next(k for k, n in ns.nodes.items() if n is leader)
+        seg = sorted((tmp_path / lid / "store").glob("t.*~*.seg"))[0]
+        data = bytearray(seg.read_bytes())
+        data[SEG_HEAD + 60] ^= 0x20
+        seg.write_bytes(bytes(data))
+        node = ns.start(lagging, store_segment_bytes=SEGMENT)
+        await until("the follower to stop", lambda: node.status().role == "stopped", 30)
+        _stopped_naming(node, seg.name, "checksum")
+        await leader.propose([pub("t", b"still served")])
+        assert leader.is_leader()
     finally:
         await ns.close()
