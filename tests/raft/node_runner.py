@@ -1,10 +1,12 @@
 """Test-only process running one RaftNode, driven by JSON lines on stdin/stdout.
 
 Requests ``{"id": 1, "op": "propose", "commands": [...], "timeout": 5}`` (a ``payload`` string
-in a publish message is sent as UTF-8 bytes), ``status``, ``payloads`` (every payload of a
-topic), ``digest``, ``stats``, ``transfer``, ``compact``, ``add_member``, ``remove_member``,
-``stop``. Every answer is ``{"id": 1, "ok": ...}`` or ``{"id": 1, "error": "<Class>", ...}``.
-Prints ``{"ready": true}`` once started, or ``{"fatal": "..."}`` and exits 2.
+in a publish message and a receive's ``token`` are sent as UTF-8 bytes), ``status``,
+``payloads`` (every payload of a topic), ``digest``, ``stats``, ``transfer``, ``compact``,
+``candidates`` (the store compactions a leader would propose now), ``add_member``,
+``remove_member``, ``stop``. Every answer is ``{"id": 1, "ok": ...}`` or
+``{"id": 1, "error": "<Class>", ...}``. Prints ``{"ready": true}`` once started, or
+``{"fatal": "..."}`` and exits 2.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def _out(obj: dict[str, Any]) -> None:
 
 def _bytes_payloads(commands: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for c in commands:
+        if c.get("op") == "receive" and isinstance(c.get("token"), str):
+            c["token"] = c["token"].encode()
         for m in c.get("messages", []) if c.get("op") == "publish" else []:
             if isinstance(m.get("payload"), str):
                 m["payload"] = m["payload"].encode()
@@ -92,6 +96,8 @@ async def handle(node: RaftNode, req: dict[str, Any], stop: asyncio.Event) -> No
             res = asdict(node.status())
         elif op == "payloads":
             res = node.read(lambda b: _payloads(b, req["topic"]))
+        elif op == "candidates":
+            res = node.read(lambda b: b.compaction_candidates())
         elif op == "digest":
             res = node.read(lambda b: b.digest())
         elif op == "stats":

@@ -231,6 +231,12 @@ class BrokerService:
                 "removed_from_cluster",
                 f"node {st.node_id} was removed from the cluster: use another node",
             )
+        if getattr(st, "error", None) is not None:  # stopped on a failure: not an election
+            raise ApiError(
+                "shutting_down",
+                f"this node's Raft has stopped ({st.error}); see its log, and use another node",
+                retry_after=self.settings.retry_after,
+            )
         if not st.leader_api or st.leader_id == st.node_id:
             raise ApiError(
                 "no_leader",

@@ -294,9 +294,11 @@ class RaftNode:
         if self._fatal is not None or refused is not None:
             raft.destroy()
             self._ticks.close_notifier()
+            # (the directory is let go on a failure too: a caller that repairs the files, or
+            # frees space, may start a node on it again in this process)
+            self._unlock_dir()
             if self._fatal is not None:
                 raise self._fatal
-            self._unlock_dir()
             raise refused  # type: ignore[misc]
         if not cfg.secret:
             log.warning(
