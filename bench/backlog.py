@@ -60,6 +60,16 @@ MB = 1 << 20
 UNLIMITED = {"max_messages": None, "max_bytes": None}  # (the defaults would refuse the backlog)
 
 
+def topic_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The backlog's topics: unlimited, and --dedup-window if given. Every publish of the
+    clients carries an idempotency key, kept for the topic's dedup window (120 s by default):
+    at the fill's rate that is millions of keys, whose memory and snapshot bytes follow the
+    rate times the window, not the backlog; a short window measures the backlog's own cost."""
+    if args.dedup_window is None:
+        return UNLIMITED
+    return {**UNLIMITED, "dedup_window": args.dedup_window}
+
+
 # ---------------------------------------------------------------------- process memory
 
 
@@ -317,7 +327,7 @@ async def one_load(n: int, size: int, ntopics: int, args: argparse.Namespace) ->
         cl.start()
         async with cl.client(cl.url_of(cl.leader()), timeout=120) as c:
             for t in topics:
-                await c.create_topic(t, UNLIMITED)
+                await c.create_topic(t, topic_config(args))
             row["fill_s"] = round(await fill(c, topics, n, size), 2)
             row["fill_rate"] = round(n / row["fill_s"])
         await ready(cl, 300)
@@ -482,7 +492,7 @@ async def memory_cap(args: argparse.Namespace) -> dict[str, Any]:
 
         async with cl.client(cl.urls(), timeout=30) as c:
             for t in topics:
-                await c.create_topic(t, UNLIMITED)
+                await c.create_topic(t, topic_config(args))
             tasks = [asyncio.ensure_future(publish(c)) for _ in range(2)]
             drainer = asyncio.ensure_future(drain(c))
             deadline = time.monotonic() + args.cap_timeout
@@ -635,6 +645,12 @@ def main() -> int:
         help="seconds after the fill before the settled RSS and the warm consume",
     )
     p.add_argument("--no-join", action="store_true", help="skip adding a fourth node")
+    p.add_argument(
+        "--dedup-window",
+        type=float,
+        default=None,
+        help="the topics' dedup window in seconds (default: the topic default)",
+    )
     p.add_argument("--cap-mb", type=int, default=512, help="memory cap per node; 0: skip")
     p.add_argument("--cap-factor", type=int, default=3, help="backlog = this x the cap")
     p.add_argument("--cap-payload", type=int, default=16384, help="message size, cap case")
