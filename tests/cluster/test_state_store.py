@@ -288,12 +288,29 @@ def test_a_storage_error_propagates_out_of_apply_and_apply_batch(h: Harness) -> 
     def broken(*args: Any) -> Any:
         raise StorageError("/x/t.0~00000000.seg: write failed: disk full (ENOSPC)")
 
-    h.b.store.append_batch = broken
+    h.b.store.append_open = broken
     cmd = {"op": "publish", "topic": "t", "messages": [{"payload": b"x"}]}
     with pytest.raises(StorageError):
         h.b.apply_batch(h.now, [cmd])
     with pytest.raises(StorageError):
         h.b.apply({**cmd, "now": h.now})
+
+
+def test_a_storage_error_writing_the_open_records_propagates_too(h: Harness) -> None:
+    h.topic("t")
+    sealed = []
+
+    def broken() -> None:
+        sealed.append(True)
+        raise StorageError("/x/t.0~00000000.seg: write failed: disk full (ENOSPC)")
+
+    h.b.store.seal = broken
+    cmd = {"op": "publish", "topic": "t", "messages": [{"payload": b"x"}]}
+    with pytest.raises(StorageError):
+        h.b.apply_batch(h.now, [cmd])
+    with pytest.raises(StorageError):
+        h.b.apply({**cmd, "now": h.now})
+    assert len(sealed) == 2
 
 
 def test_use_store_only_swaps_the_store_of_an_empty_broker(h: Harness) -> None:

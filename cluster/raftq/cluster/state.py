@@ -476,6 +476,8 @@ class Broker:
         except BaseException:
             self._reads.clear()
             raise
+        finally:
+            self.store.seal()  # the open records end with the apply, as on every replica
         self._read(True)
         return result
 
@@ -490,18 +492,23 @@ class Broker:
         self._reads.clear()
         self._advance(_now(now))
         out: list[dict[str, Any]] = []
-        for cmd in commands:
-            try:
-                if type(cmd) is not dict and not isinstance(cmd, Mapping):
-                    raise InvalidArgument("command must be a map", field="command")
-                out.append(self._dispatch(cmd))
-            except BrokerError as e:
-                out.append({"error": e.to_wire()})
-            except StorageError:
-                self._reads.clear()
-                raise
-            except Exception as e:  # a bug must not take every replica down with it
-                out.append({"error": {"code": "internal", "message": repr(e), "details": {}}})
+        try:
+            for cmd in commands:
+                try:
+                    if type(cmd) is not dict and not isinstance(cmd, Mapping):
+                        raise InvalidArgument("command must be a map", field="command")
+                    out.append(self._dispatch(cmd))
+                except BrokerError as e:
+                    out.append({"error": e.to_wire()})
+                except StorageError:
+                    self._reads.clear()
+                    raise
+                except Exception as e:  # a bug must not take every replica down with it
+                    out.append({"error": {"code": "internal", "message": repr(e), "details": {}}})
+        finally:
+            # One record per stream per entry: the open records end with the batch, at the
+            # same point on every replica (a replay too), before anything reads them.
+            self.store.seal()
         self._read(read)
         return out
 
@@ -866,9 +873,12 @@ class Broker:
         n_fresh = n
         if keyed:
             self._keyed = True
-        if n:  # one store append per command: the records of the whole batch
-            locs, lengths = self.store.append_batch(t.key, first, now, staged)
-            t.index.extend(locs, lengths, sizes, now, ngroups)
+        if n:  # into the stream's open record: one record per topic per apply (entry)
+            locs, lengths = self.store.append_open(t.key, first, now, staged)
+            if n == 1:
+                t.index.append(locs[0], lengths[0], sizes[0], now, ngroups)
+            else:
+                t.index.extend(locs, lengths, sizes, now, ngroups)
         # batch_keys holds exactly this publish's new keys, in order, with their seqs.
         keys = list(batch_keys) if window and batch_keys else None
         if keys:
@@ -1324,8 +1334,8 @@ class Broker:
         """Append one message (a dead letter, a redrive) to the store and the index."""
         seq = t.next_seq
         t.next_seq += 1
-        loc, length = self.store.append(t.key, seq, self.now, payload, hdrs)
-        t.index.append(loc, length, len(payload), self.now, refs)
+        locs, lengths = self.store.append_open(t.key, seq, self.now, [(payload, hdrs)])
+        t.index.append(locs[0], lengths[0], len(payload), self.now, refs)
         if okey is not None:
             t.okeys[seq] = okey
         t.count += 1
