@@ -15,8 +15,10 @@ reused: a topic deleted and created again gets a new key) has its own segments
 in order, so whole segments free up without compaction; deleting a topic deletes its files; a
 snapshot's mark is per topic; the cost is one open file per topic being written (few).
 
-A segment: ``SEG_MAGIC`` (``RAFTQS2``) + its segno (``_SEG``), then records, ONE PER
-``append_batch`` call (a publish command's messages, seqs ``first``, ``first + 1``, ...)::
+A segment: ``SEG_MAGIC`` (``RAFTQS2``) + its segno (``_SEG``), then records of messages with
+consecutive seqs ``first``, ``first + 1``, ... and one publish time: one per ``append_batch``
+call, or per *open record* (``append_open`` ... ``seal``: the state machine's publishes to one
+stream within one Raft entry)::
 
     magic u32 | crc32 u32 (of everything after it) | length u32 (whole record) |
     first seq u64 | messages n u32 | published_at ms u64 |
@@ -26,9 +28,18 @@ A segment: ``SEG_MAGIC`` (``RAFTQS2``) + its segno (``_SEG``), then records, ONE
 One record per batch because the per-record work (a CRC call, struct packing, a location)
 is what a store costs per publish; per message only a length and a slice remain. Every
 message of a record has the record's location; its *length* is its share of the record
-(payload + headers bytes, the first one also carrying the fixed 32 + 8 n bytes), so the
-shares add up to the record and ``free(key, loc, length)`` per message keeps the live bytes
-of a segment exact; a segment's ``live`` counts messages.
+(8 column bytes + payload + headers bytes, the first one also carrying the fixed 32 bytes:
+known when the message is appended, before the record is complete), so the shares add up to
+the record and ``free(key, loc, length)`` per message keeps the live bytes of a segment
+exact; a segment's ``live`` counts messages.
+
+An open record (``append_open``) takes the messages of later calls that continue it (next
+seqs, same publish time, below ``OPEN_BYTES``, its segment below the roll size); locations,
+shares and counters are final at once, the bytes and columns are made when it is sealed:
+by ``seal()``, by another append to the stream, or first thing in any method that reads or
+moves bytes. The bytes are those of one ``append_batch`` of the same messages; replicas
+write the same files as long as they seal at the same points (the state machine seals at
+the end of every apply).
 
 A sealed segment (one appends moved past) gets a sidecar ``<key>~<segno>.idx`` (``RAFTQI2``):
 per record its first seq, count, offset and publish time, per message its length and payload
@@ -512,6 +523,8 @@ class SegmentStore:
         the same points (the state machine: at the end of each apply)."""
         if not items:
             return [], []
+        if self._broken is not None:
+            raise self._broken
         op = self._open.get(key)
         if (
             op is None

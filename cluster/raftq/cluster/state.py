@@ -25,8 +25,9 @@ compactions happen inside apply, so every replica writes the same bytes at the s
 memory a topic keeps only ``Topic.index`` (``msgindex.MsgIndex``: packed columns by seq of the
 record's location and length, payload size, publish time and ``refs``, how many groups have
 yet to settle it, counting a group only from its ``pin`` on, its creation point) and
-``Topic.okeys`` (the ordering keys of retained messages that have one). A publish is one
-``append_batch``; every removal frees its record; dead-lettering and redrive read the source
+``Topic.okeys`` (the ordering keys of retained messages that have one). A publish goes to
+its stream's open record (``append_open``): one record per topic per apply, sealed at its end
+on every replica alike; every removal frees its share; dead-lettering and redrive read the source
 record and append to the target stream. Receive results name what to read: ``apply_batch(...,
 read=True)`` fills in payloads and headers once the whole batch is applied (the leader);
 ``read=False`` leaves them out (followers). A ``StorageError`` propagates out of apply: the
