@@ -86,7 +86,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate
-from operator import itemgetter
+from operator import add, itemgetter
 from typing import Any, Protocol
 
 import msgpack
@@ -234,45 +234,47 @@ def _le(a: array[int]) -> array[int]:
 
 
 _PAYLOAD, _HEADERS = itemgetter(0), itemgetter(1)
-
-
-def share_of(payload: int, hdr: int, first: bool) -> int:
-    """A message's share of its record's length: its column bytes, payload and packed
-    headers, the first one also carrying the record's fixed part, so the shares add up to
-    the record and each is known when the message is appended (``append_open``)."""
-    return PER_MESSAGE + payload + hdr + (REC_OVERHEAD if first else 0)
+_PLUS_COLUMNS = PER_MESSAGE.__add__  # (C speed in ``map``: a share without the record's part)
 
 
 class Encoded:
     """A record ready to append (``head`` + ``body``), and per message its payload size and
-    length: its share of the record's length (``share_of``)."""
+    length: its share of the record's length, its column bytes, payload and packed headers,
+    the first one also carrying the record's fixed part, so the shares add up to the record
+    and each is known when the message is appended; ``shares`` when given are those (an
+    open record's, counted as its messages came)."""
 
-    __slots__ = ("at", "body", "first_seq", "head", "n", "shares", "shares_col", "sizes")
+    __slots__ = ("at", "body", "first_seq", "head", "n", "shares", "sizes")
 
     def __init__(
-        self, first_seq: int, at: int, payloads: Sequence[bytes], hdrs: Sequence[bytes] | None
+        self,
+        first_seq: int,
+        at: int,
+        payloads: Sequence[bytes],
+        hdrs: Sequence[bytes] | None,
+        shares: list[int] | None = None,
     ) -> None:
         n = len(payloads)
         self.sizes: Sequence[int]
-        self.shares_col: Sequence[int]  # ``shares`` packed, for the segment's columns
         if n == 1:  # a publish of one message: no arrays
             payload, hdr = payloads[0], (hdrs[0] if hdrs else b"")
             body = b"".join((_ONE.pack(len(payload), len(hdr)), hdr, payload))
-            shares = [REC_OVERHEAD + PER_MESSAGE + len(payload) + len(hdr)]
-            self.sizes, self.shares_col = (len(payload),), shares
+            self.sizes = (len(payload),)
+            if shares is None:
+                shares = [REC_OVERHEAD + PER_MESSAGE + len(payload) + len(hdr)]
         elif hdrs is None:  # no message has headers (the common case): a column of zeros
-            sizes = array("I", map(len, payloads))
-            shares = [s + PER_MESSAGE for s in sizes]
-            shares[0] += REC_OVERHEAD
+            sizes = self.sizes = array("I", map(len, payloads))
             body = b"".join([_le(sizes).tobytes(), bytes(4 * n), *payloads])
-            self.sizes, self.shares_col = sizes, array("I", shares)
+            if shares is None:
+                shares = list(map(_PLUS_COLUMNS, sizes))
+                shares[0] += REC_OVERHEAD
         else:
-            sizes = array("I", map(len, payloads))
+            sizes = self.sizes = array("I", map(len, payloads))
             hlens = array("I", map(len, hdrs))
-            shares = [s + h + PER_MESSAGE for s, h in zip(sizes, hlens, strict=True)]
-            shares[0] += REC_OVERHEAD
             body = b"".join([_le(sizes).tobytes(), _le(hlens).tobytes(), *hdrs, *payloads])
-            self.sizes, self.shares_col = sizes, array("I", shares)
+            if shares is None:
+                shares = list(map(_PLUS_COLUMNS, map(add, sizes, hlens)))
+                shares[0] += REC_OVERHEAD
         rest = _REST.pack(len(body) + REC_OVERHEAD, first_seq, n, at)
         crc = zlib.crc32(body, zlib.crc32(rest))
         self.head = struct.pack("<II", REC_MAGIC, crc) + rest
@@ -317,7 +319,8 @@ class Record:
 
     def share(self, i: int) -> int:
         p, h = self.pstart, self.hstart
-        return share_of(p[i + 1] - p[i], h[i + 1] - h[i], i == 0)
+        share = PER_MESSAGE + p[i + 1] - p[i] + h[i + 1] - h[i]  # (as ``Encoded`` counts)
+        return share + REC_OVERHEAD if i == 0 else share
 
     def raw(self, i: int) -> tuple[bytes, bytes]:
         """(payload, packed headers or b"") of message ``first_seq + i``."""
@@ -411,12 +414,13 @@ class _Open:
     shares and the segment's counters are settled as they come; its bytes are encoded once,
     when it is sealed. ``hdrs`` stays None while no message has headers."""
 
-    __slots__ = ("at", "first", "hdrs", "next_seq", "offset", "payloads", "seg", "size")
+    __slots__ = ("at", "first", "hdrs", "next_seq", "offset", "payloads", "seg", "shares", "size")
 
     def __init__(self, seg: _Seg, first: int, at: int) -> None:
         self.seg, self.offset, self.first, self.next_seq, self.at = seg, seg.size, first, first, at
         self.size = 0  # the shares so far: the record's length once sealed
         self.payloads: list[bytes] = []
+        self.shares: list[int] = []
         self.hdrs: list[bytes] | None = None
 
 
@@ -555,14 +559,13 @@ class SegmentStore:
                 if op.hdrs is None:
                     op.hdrs = [b""] * (len(op.payloads) - n)
                 op.hdrs += hdrs
-                shares = [
-                    len(p) + len(h) + PER_MESSAGE for p, h in zip(payloads, hdrs, strict=True)
-                ]
+                shares = list(map(_PLUS_COLUMNS, map(add, map(len, payloads), map(len, hdrs))))
             else:
-                shares = [len(p) + PER_MESSAGE for p in payloads]
+                shares = list(map(_PLUS_COLUMNS, map(len, payloads)))
             if first:
                 shares[0] += REC_OVERHEAD
             share = sum(shares)
+        op.shares += shares
         op.size += share
         op.next_seq += n
         self._grew(op.seg, share, n)
@@ -580,7 +583,7 @@ class SegmentStore:
         op = self._open.pop(key, None)
         if op is None:
             return
-        rec = Encoded(op.first, op.at, op.payloads, op.hdrs)
+        rec = Encoded(op.first, op.at, op.payloads, op.hdrs, op.shares)
         seg = op.seg
         if REC_OVERHEAD + len(rec.body) != op.size or seg.flushed + len(seg.buf) != op.offset:
             self._broken = StorageError(  # a bug, not bad luck: stop before writing
@@ -588,7 +591,7 @@ class SegmentStore:
             )
             raise self._broken
         if seg.cols is not None:
-            seg.cols.add(rec.first_seq, rec.at, op.offset, rec.shares_col, rec.sizes)
+            seg.cols.add(rec.first_seq, rec.at, op.offset, rec.shares, rec.sizes)
         seg.buf += rec.head
         seg.buf += rec.body
         if len(seg.buf) >= self.flush_bytes:
@@ -598,7 +601,7 @@ class SegmentStore:
         seg = self._tail_for(key)
         loc = location(seg.segno, seg.size)
         if seg.cols is not None:  # array to array: copies, no work per message
-            seg.cols.add(rec.first_seq, rec.at, seg.size, rec.shares_col, rec.sizes)
+            seg.cols.add(rec.first_seq, rec.at, seg.size, rec.shares, rec.sizes)
         seg.buf += rec.head
         seg.buf += rec.body
         self._grew(seg, REC_OVERHEAD + len(rec.body), rec.n)
