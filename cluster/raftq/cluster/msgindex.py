@@ -27,7 +27,7 @@ import heapq
 import sys
 import zlib
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from raftq.cluster.segstore import Columns
@@ -94,7 +94,7 @@ class MsgIndex:
         return seq
 
     def extend(
-        self, locs: list[int], lengths: list[int], sizes: list[int], at: int, refs: int
+        self, locs: list[int], lengths: Sequence[int], sizes: list[int], at: int, refs: int
     ) -> None:
         """Add the next ``len(locs)`` messages, all published at ``at`` with ``refs`` (a
         publish command: one C-level extend per column instead of an append per message)."""

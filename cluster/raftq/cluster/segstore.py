@@ -234,7 +234,6 @@ def _le(a: array[int]) -> array[int]:
 
 
 _PAYLOAD, _HEADERS = itemgetter(0), itemgetter(1)
-_PLUS_COLUMNS = PER_MESSAGE.__add__  # (C speed in ``map``: a share without the record's part)
 
 
 class Encoded:
@@ -252,28 +251,34 @@ class Encoded:
         at: int,
         payloads: Sequence[bytes],
         hdrs: Sequence[bytes] | None,
-        shares: list[int] | None = None,
+        given: tuple[array[int], array[int]] | None = None,
     ) -> None:
         n = len(payloads)
         self.sizes: Sequence[int]
+        shares: Sequence[int] | None = None
+        sizes: array[int] | None = None
+        if given is not None:  # (an open record's: counted as its messages came)
+            sizes, shares = given
+            self.sizes = sizes
         if n == 1:  # a publish of one message: no arrays
             payload, hdr = payloads[0], (hdrs[0] if hdrs else b"")
             body = b"".join((_ONE.pack(len(payload), len(hdr)), hdr, payload))
-            self.sizes = (len(payload),)
             if shares is None:
+                self.sizes = (len(payload),)
                 shares = [REC_OVERHEAD + PER_MESSAGE + len(payload) + len(hdr)]
         elif hdrs is None:  # no message has headers (the common case): a column of zeros
-            sizes = self.sizes = array("I", map(len, payloads))
-            body = b"".join([_le(sizes).tobytes(), bytes(4 * n), *payloads])
-            if shares is None:
-                shares = list(map(_PLUS_COLUMNS, sizes))
+            if sizes is None or shares is None:
+                sizes = self.sizes = array("I", map(len, payloads))
+                shares = [size + PER_MESSAGE for size in sizes]
                 shares[0] += REC_OVERHEAD
+            body = b"".join([_le(sizes).tobytes(), bytes(4 * n), *payloads])
         else:
-            sizes = self.sizes = array("I", map(len, payloads))
+            sizes = array("I", map(len, payloads))
             hlens = array("I", map(len, hdrs))
             body = b"".join([_le(sizes).tobytes(), _le(hlens).tobytes(), *hdrs, *payloads])
             if shares is None:
-                shares = list(map(_PLUS_COLUMNS, map(add, sizes, hlens)))
+                self.sizes = sizes
+                shares = [size + PER_MESSAGE for size in map(add, sizes, hlens)]
                 shares[0] += REC_OVERHEAD
         rest = _REST.pack(len(body) + REC_OVERHEAD, first_seq, n, at)
         crc = zlib.crc32(body, zlib.crc32(rest))
@@ -414,13 +419,25 @@ class _Open:
     shares and the segment's counters are settled as they come; its bytes are encoded once,
     when it is sealed. ``hdrs`` stays None while no message has headers."""
 
-    __slots__ = ("at", "first", "hdrs", "next_seq", "offset", "payloads", "seg", "shares", "size")
+    __slots__ = (
+        "at",
+        "first",
+        "hdrs",
+        "next_seq",
+        "offset",
+        "payloads",
+        "seg",
+        "shares",
+        "size",
+        "sizes",
+    )
 
     def __init__(self, seg: _Seg, first: int, at: int) -> None:
         self.seg, self.offset, self.first, self.next_seq, self.at = seg, seg.size, first, first, at
         self.size = 0  # the shares so far: the record's length once sealed
         self.payloads: list[bytes] = []
-        self.shares: list[int] = []
+        self.sizes = array("I")  # per message: payload bytes
+        self.shares = array("I")  # ... its share (what ``free`` takes)
         self.hdrs: list[bytes] | None = None
 
 
@@ -504,7 +521,7 @@ class SegmentStore:
 
     def append_batch(
         self, key: str, first_seq: int, at: int, items: Sequence[tuple[bytes, Headers]]
-    ) -> tuple[list[int], list[int]]:
+    ) -> tuple[list[int], Sequence[int]]:
         """Append messages ``first_seq``, ``first_seq + 1``, ... published at ``at`` as one
         record; returns per message its location (the record's) and its share of the record's
         length (the shares add up to it): what ``read`` and ``free`` take."""
@@ -517,7 +534,7 @@ class SegmentStore:
 
     def append_open(
         self, key: str, first_seq: int, at: int, items: Sequence[tuple[bytes, Headers]]
-    ) -> tuple[list[int], list[int]]:
+    ) -> tuple[list[int], Sequence[int]]:
         """``append_batch``, but into the stream's *open* record: extended when these
         messages continue it (the next seqs, the same ``at``, below ``open_bytes``, its
         segment below its roll size), else sealed and a new one opened. Locations, shares
@@ -550,22 +567,28 @@ class SegmentStore:
                     op.hdrs = [b""] * (len(op.payloads) - 1)
                 op.hdrs.append(hdr)
             share = PER_MESSAGE + len(payload) + len(hdr) + (REC_OVERHEAD if first else 0)
-            shares = [share]
+            op.sizes.append(len(payload))
+            op.shares.append(share)
+            shares: Sequence[int] = (share,)
         else:
             payloads = list(map(_PAYLOAD, items))
             op.payloads += payloads
+            sizes = array("I", map(len, payloads))
             if any(map(_HEADERS, items)) or op.hdrs is not None:
                 hdrs = [msgpack.packb(dict(h)) if h else b"" for _, h in items]
                 if op.hdrs is None:
                     op.hdrs = [b""] * (len(op.payloads) - n)
                 op.hdrs += hdrs
-                shares = list(map(_PLUS_COLUMNS, map(add, map(len, payloads), map(len, hdrs))))
-            else:
-                shares = list(map(_PLUS_COLUMNS, map(len, payloads)))
+                both = map(add, sizes, map(len, hdrs))
+                col = array("I", [size + PER_MESSAGE for size in both])
+            else:  # (a comprehension: twice as fast as map() of a bound method)
+                col = array("I", [size + PER_MESSAGE for size in sizes])
             if first:
-                shares[0] += REC_OVERHEAD
-            share = sum(shares)
-        op.shares += shares
+                col[0] += REC_OVERHEAD
+            share = sum(col)
+            op.sizes += sizes
+            op.shares += col
+            shares = col
         op.size += share
         op.next_seq += n
         self._grew(op.seg, share, n)
@@ -583,7 +606,7 @@ class SegmentStore:
         op = self._open.pop(key, None)
         if op is None:
             return
-        rec = Encoded(op.first, op.at, op.payloads, op.hdrs, op.shares)
+        rec = Encoded(op.first, op.at, op.payloads, op.hdrs, (op.sizes, op.shares))
         seg = op.seg
         if REC_OVERHEAD + len(rec.body) != op.size or seg.flushed + len(seg.buf) != op.offset:
             self._broken = StorageError(  # a bug, not bad luck: stop before writing
@@ -597,7 +620,7 @@ class SegmentStore:
         if len(seg.buf) >= self.flush_bytes:
             self._flush(seg)
 
-    def _put(self, key: str, rec: Encoded) -> tuple[list[int], list[int]]:
+    def _put(self, key: str, rec: Encoded) -> tuple[list[int], Sequence[int]]:
         seg = self._tail_for(key)
         loc = location(seg.segno, seg.size)
         if seg.cols is not None:  # array to array: copies, no work per message
