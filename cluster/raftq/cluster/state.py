@@ -974,9 +974,11 @@ class Broker:
         """Message ``seq`` leaves the topic: out of the index, its record freed in the store."""
         r = t.index.remove(seq)
         assert r is not None
-        self.store.free(t.key, r[0], r[1])
+        loc, length, size = r
+        self.store.free(t.key, loc, length)
         t.count -= 1
-        t.bytes -= r[2]
+        t._bytes -= size  # (the ``bytes`` setter inline: this runs once per ack)
+        t._total[0] -= size
         if t.okeys:
             t.okeys.pop(seq, None)
 
@@ -1002,7 +1004,7 @@ class Broker:
             return
         was_oldest = i == ix.head
         self._free(t, seq)
-        if was_oldest:
+        if was_oldest and t.pinned:
             t.trimmed()
 
     def _settle_fresh(self, t: Topic, g: Group) -> int:
