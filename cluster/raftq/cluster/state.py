@@ -1002,10 +1002,19 @@ class Broker:
             return
         if t.pinned and _pinned_elsewhere(t, g, seq):
             return
-        was_oldest = i == ix.head
-        self._free(t, seq)
-        if was_oldest and t.pinned:
-            t.trimmed()
+        # ``_free`` inline (checked above already): this runs once per ack.
+        refs[i] = GONE
+        size = ix.size[i]
+        self.store.free(t.key, ix.loc[i], ix.length[i])
+        t.count -= 1
+        t._bytes -= size
+        t._total[0] -= size
+        if t.okeys:
+            t.okeys.pop(seq, None)
+        if i == ix.head:
+            ix.trim()
+            if t.pinned:
+                t.trimmed()
 
     def _settle_fresh(self, t: Topic, g: Group) -> int:
         """Settle every fresh message of ``g`` at once (delete or purge of a group): one tight
