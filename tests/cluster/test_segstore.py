@@ -759,3 +759,88 @@ def test_a_segment_file_cut_short_behind_the_stores_back_is_named_on_read(tmp_pa
     last = max(q for q, (loc, _) in locs.items() if loc >> 32 == 0)
     with pytest.raises(StorageCorrupt, match=rf"{path}: short read"):
         s.read("t.1", last, *locs[last])
+
+
+def _open_append(s: SegmentStore, key: str, seqs: range) -> dict[int, tuple[int, int]]:
+    """``_append``'s batches, but each one into the open record (``append_open``)."""
+    out: dict[int, tuple[int, int]] = {}
+    for b in _batches(seqs):
+        locs, lengths = s.append_open(key, b.start, AT, [_msg(i) for i in b])
+        out.update(zip(b, zip(locs, lengths, strict=True), strict=True))
+    return out
+
+
+def test_an_open_record_writes_the_bytes_of_one_append_batch_of_its_messages(
+    tmp_path: Path,
+) -> None:
+    a, b = _store(tmp_path / "a"), _store(tmp_path / "b")
+    a.segment_bytes = b.segment_bytes = 1 << 20
+    locs = _open_append(a, "t.1", range(1, 30))  # batches of 1 to 6, and one message alone
+    locs.update(_open_append(a, "t.1", range(30, 31)))
+    assert len({loc for loc, _ in locs.values()}) == 1
+    a.seal()
+    want_locs, want_lengths = b.append_batch("t.1", 1, AT, [_msg(i) for i in range(1, 31)])
+    assert [locs[i] for i in range(1, 31)] == list(zip(want_locs, want_lengths, strict=True))
+    assert a.stats("t.1") == b.stats("t.1")
+    ma, mb = a.marks()[1], b.marks()[1]
+    assert ma == mb and _files(tmp_path / "a", ma) == _files(tmp_path / "b", mb)
+    assert a.read_batch("t.1", [(i, *locs[i]) for i in locs]) == [_msg(i) for i in locs]
+    cols = dict(a.columns("t.1"))[0]
+    assert list(cols.count) == [30] and list(cols.length) == want_lengths
+
+
+def test_an_open_record_ends_at_a_gap_another_time_its_cap_or_a_seal(tmp_path: Path) -> None:
+    s = _store(tmp_path)
+    s.segment_bytes, s.open_bytes = 1 << 20, 600
+    loc1 = s.append_open("t.1", 1, AT, [_msg(1)])[0][0]
+    assert s.append_open("t.1", 2, AT, [_msg(2)])[0][0] == loc1
+    assert s.append_open("t.1", 4, AT, [_msg(4)])[0][0] != loc1  # seq 3 missing
+    loc4 = s.append_open("t.1", 5, AT, [_msg(5)])[0][0]
+    assert s.append_open("t.1", 6, AT + 1, [_msg(6)])[0][0] != loc4  # another time
+    got = {i: s.append_open("t.1", i, AT + 1, [_msg(i)]) for i in range(7, 30)}
+    locs = [loc[0] for loc, _ in got.values()]
+    assert 1 < len(set(locs)) < len(locs), "the cap closes a record, the next one opens"
+    s.seal()
+    loc = s.append_open("t.1", 30, AT + 1, [_msg(30)])[0][0]
+    assert loc not in locs  # a seal ends it
+    assert [s.read("t.1", i, lo[0], n[0]) for i, (lo, n) in got.items()] == [_msg(i) for i in got]
+
+
+def test_reads_marks_and_other_appends_seal_the_open_record_first(tmp_path: Path) -> None:
+    s = _store(tmp_path)
+    s.segment_bytes = 1 << 20
+    locs = _open_append(s, "t.1", range(1, 10))
+    assert [s.read("t.1", i, *locs[i]) for i in locs] == [_msg(i) for i in locs]
+    more = _open_append(s, "t.1", range(10, 20))  # the read sealed it: a new record
+    assert more[10][0] != locs[9][0] and more[19][0] == more[10][0]
+    _, marks = s.marks()  # sealed and written: the file holds what the marks say
+    assert (tmp_path / seg_name("t.1", 0)).stat().st_size == marks[0][2][0][1]
+    loc, n = s.append("t.1", 20, AT, *_msg(20))
+    new = _open_append(s, "t.1", range(21, 25))
+    s.append("t.1", 25, AT, *_msg(25))  # a record of its own seals the open one first
+    assert more[19][0] < loc < new[21][0]
+    _, marks = s.marks()
+    s.close()
+    r = _store(tmp_path, marks=marks)  # a restart reads every record back
+    got = {**locs, **more, 20: (loc, n), **new}
+    assert [r.read("t.1", i, *got[i]) for i in sorted(got)] == [_msg(i) for i in sorted(got)]
+
+
+def test_free_inside_an_open_record_only_counts_and_a_roll_seals_it(tmp_path: Path) -> None:
+    s = _store(tmp_path)  # 4 KiB segments
+    locs = _open_append(s, "t.1", range(1, 5))
+    total = sum(n for _, n in locs.values())
+    assert s.stats("t.1")[0][2:] == (4, total)  # (stats seals it: a new record next)
+    locs.update(_open_append(s, "t.1", range(5, 7)))
+    s.free("t.1", *locs[6])  # in the open record: counters only
+    total += locs[5][1]
+    assert s.retained_bytes()[0] == total
+    rolled = _open_append(s, "t.1", range(7, 200))  # past the roll size: new segments
+    assert len({loc >> 32 for loc, _ in rolled.values()}) > 2
+    s.seal()
+    for _, size, _, _ in s.stats("t.1")[:-1]:  # at most one append past the roll size
+        assert SEG <= size < SEG + 6 * 400
+    every = {**locs, **rolled}
+    del every[6]
+    assert [s.read("t.1", i, *every[i]) for i in sorted(every)] == [_msg(i) for i in sorted(every)]
+    assert s.retained_bytes()[0] == total + sum(n for _, n in rolled.values())

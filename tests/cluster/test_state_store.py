@@ -288,12 +288,29 @@ def test_a_storage_error_propagates_out_of_apply_and_apply_batch(h: Harness) -> 
     def broken(*args: Any) -> Any:
         raise StorageError("/x/t.0~00000000.seg: write failed: disk full (ENOSPC)")
 
-    h.b.store.append_batch = broken
+    h.b.store.append_open = broken
     cmd = {"op": "publish", "topic": "t", "messages": [{"payload": b"x"}]}
     with pytest.raises(StorageError):
         h.b.apply_batch(h.now, [cmd])
     with pytest.raises(StorageError):
         h.b.apply({**cmd, "now": h.now})
+
+
+def test_a_storage_error_writing_the_open_records_propagates_too(h: Harness) -> None:
+    h.topic("t")
+    sealed = []
+
+    def broken() -> None:
+        sealed.append(True)
+        raise StorageError("/x/t.0~00000000.seg: write failed: disk full (ENOSPC)")
+
+    h.b.store.seal = broken
+    cmd = {"op": "publish", "topic": "t", "messages": [{"payload": b"x"}]}
+    with pytest.raises(StorageError):
+        h.b.apply_batch(h.now, [cmd])
+    with pytest.raises(StorageError):
+        h.b.apply({**cmd, "now": h.now})
+    assert len(sealed) == 2
 
 
 def test_use_store_only_swaps_the_store_of_an_empty_broker(h: Harness) -> None:
@@ -317,3 +334,27 @@ def test_an_in_memory_store_lets_go_of_retired_segments_at_once() -> None:
         res = b.apply({**recv, "now": T0, "token": b"k" * 16})
         b.apply({"op": "ack", "receipts": [d["receipt"] for d in res["deliveries"]], "now": T0})
     assert disk.nbytes() < 3 * SEG  # (30 x 100 x ~140 B went through it)
+
+
+def test_an_entry_of_one_message_publishes_is_one_record_per_topic(h: Harness) -> None:
+    h.topic("t")
+    h.topic("u")
+    one: list[dict[str, Any]] = [{"payload": b"m%d" % i} for i in range(50)]
+    one[7]["headers"] = {"h": "7"}
+    pub = [
+        {"op": "publish", "topic": "t" if i % 5 else "u", "messages": [m]}
+        for i, m in enumerate(one)
+    ]
+    res = h.b.apply_batch(h.now, pub)
+    assert all("error" not in r for r in res)
+    for topic, n in (("t", 40), ("u", 10)):
+        key = h.b.topics[topic].key
+        locs = {h.b.topics[topic].index.get(seq)[0] for seq in range(1, n + 1)}
+        assert len(locs) == 1, f"{topic}: {len(locs)} records"
+        assert live_records(h.b, topic) == n and len(h.b.store.stats(key)) == 1
+    peek = h.b.peek("t", limit=40)
+    assert [m["payload"] for m in peek] == [b"m%d" % i for i in range(50) if i % 5]
+    assert peek[5]["headers"] == {"h": "7"}
+    h.b.apply_batch(h.now + 1, pub[:2])  # the next entry: a record of its own
+    assert h.b.topics["t"].index.get(41)[0] not in locs
+    check_invariants(h.b)

@@ -27,7 +27,7 @@ import heapq
 import sys
 import zlib
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from raftq.cluster.segstore import Columns
@@ -94,7 +94,7 @@ class MsgIndex:
         return seq
 
     def extend(
-        self, locs: list[int], lengths: list[int], sizes: list[int], at: int, refs: int
+        self, locs: list[int], lengths: Sequence[int], sizes: list[int], at: int, refs: int
     ) -> None:
         """Add the next ``len(locs)`` messages, all published at ``at`` with ``refs`` (a
         publish command: one C-level extend per column instead of an append per message)."""
@@ -115,10 +115,16 @@ class MsgIndex:
         i = seq - self.first_seq
         if i < self.head or i >= len(self.refs) or self.refs[i] == GONE:
             return None
-        self.refs[i] = GONE
+        refs = self.refs
+        refs[i] = GONE
         out = self.loc[i], self.length[i], self.size[i]
-        if i == self.head:
-            self.trim()
+        if i == self.head:  # (``trim`` inline: acks in order remove the head every time)
+            h, n = i + 1, len(refs)
+            while h < n and refs[h] == GONE:
+                h += 1
+            self.head = h
+            if h > _COMPACT_AT and h * 2 > n:
+                self._cut()
         return out
 
     def trim(self) -> None:
@@ -128,10 +134,14 @@ class MsgIndex:
             h += 1
         self.head = h
         if h > _COMPACT_AT and h * 2 > n:
-            for col in (self.loc, self.length, self.size, self.at, self.refs):
-                del col[:h]
-            self.first_seq += h
-            self.head = 0
+            self._cut()
+
+    def _cut(self) -> None:
+        h = self.head
+        for col in (self.loc, self.length, self.size, self.at, self.refs):
+            del col[:h]
+        self.first_seq += h
+        self.head = 0
 
     def relocate(self, moved: dict[int, tuple[int, int]]) -> None:
         """Apply a segstore compaction's ``{seq: (new location, length)}``."""

@@ -15,8 +15,10 @@ reused: a topic deleted and created again gets a new key) has its own segments
 in order, so whole segments free up without compaction; deleting a topic deletes its files; a
 snapshot's mark is per topic; the cost is one open file per topic being written (few).
 
-A segment: ``SEG_MAGIC`` (``RAFTQS2``) + its segno (``_SEG``), then records, ONE PER
-``append_batch`` call (a publish command's messages, seqs ``first``, ``first + 1``, ...)::
+A segment: ``SEG_MAGIC`` (``RAFTQS2``) + its segno (``_SEG``), then records of messages with
+consecutive seqs ``first``, ``first + 1``, ... and one publish time: one per ``append_batch``
+call, or per *open record* (``append_open`` ... ``seal``: the state machine's publishes to one
+stream within one Raft entry)::
 
     magic u32 | crc32 u32 (of everything after it) | length u32 (whole record) |
     first seq u64 | messages n u32 | published_at ms u64 |
@@ -26,9 +28,18 @@ A segment: ``SEG_MAGIC`` (``RAFTQS2``) + its segno (``_SEG``), then records, ONE
 One record per batch because the per-record work (a CRC call, struct packing, a location)
 is what a store costs per publish; per message only a length and a slice remain. Every
 message of a record has the record's location; its *length* is its share of the record
-(payload + headers bytes, the first one also carrying the fixed 32 + 8 n bytes), so the
-shares add up to the record and ``free(key, loc, length)`` per message keeps the live bytes
-of a segment exact; a segment's ``live`` counts messages.
+(8 column bytes + payload + headers bytes, the first one also carrying the fixed 32 bytes:
+known when the message is appended, before the record is complete), so the shares add up to
+the record and ``free(key, loc, length)`` per message keeps the live bytes of a segment
+exact; a segment's ``live`` counts messages.
+
+An open record (``append_open``) takes the messages of later calls that continue it (next
+seqs, same publish time, below ``OPEN_BYTES``, its segment below the roll size); locations,
+shares and counters are final at once, the bytes and columns are made when it is sealed:
+by ``seal()``, by another append to the stream, or first thing in any method that reads or
+moves bytes. The bytes are those of one ``append_batch`` of the same messages; replicas
+write the same files as long as they seal at the same points (the state machine seals at
+the end of every apply).
 
 A sealed segment (one appends moved past) gets a sidecar ``<key>~<segno>.idx`` (``RAFTQI2``):
 per record its first seq, count, offset and publish time, per message its length and payload
@@ -83,6 +94,7 @@ import msgpack
 from raftq.cluster.storage import Disk, DiskFile, ReadFile, StorageCorrupt, StorageError
 
 SEGMENT_BYTES = 8 << 20  # a segment is rolled once it holds this much (+ at most one record)
+OPEN_BYTES = 1 << 20  # an open record takes no more messages once it is this long
 FLUSH_BYTES = 256 << 10  # appends are buffered per stream up to this much, then written
 READERS = 64  # open read handles kept (least recently used closed first)
 CACHE_RECORDS = 32  # decoded records kept for reads (least recently used dropped first)
@@ -221,43 +233,53 @@ def _le(a: array[int]) -> array[int]:
     return b
 
 
-_HEADERS = itemgetter(1)
+_PAYLOAD, _HEADERS = itemgetter(0), itemgetter(1)
 
 
 class Encoded:
     """A record ready to append (``head`` + ``body``), and per message its payload size and
-    length: its share of the record's length, payload plus packed headers, the first one
-    also carrying the record's fixed part and columns, so the shares add up to the record."""
+    length: its share of the record's length, its column bytes, payload and packed headers,
+    the first one also carrying the record's fixed part, so the shares add up to the record
+    and each is known when the message is appended; ``shares`` when given are those (an
+    open record's, counted as its messages came)."""
 
-    __slots__ = ("at", "body", "first_seq", "head", "n", "shares", "shares_col", "sizes")
+    __slots__ = ("at", "body", "first_seq", "head", "n", "shares", "sizes")
 
     def __init__(
-        self, first_seq: int, at: int, payloads: Sequence[bytes], hdrs: Sequence[bytes] | None
+        self,
+        first_seq: int,
+        at: int,
+        payloads: Sequence[bytes],
+        hdrs: Sequence[bytes] | None,
+        given: tuple[array[int], array[int]] | None = None,
     ) -> None:
         n = len(payloads)
-        fixed = REC_OVERHEAD + PER_MESSAGE * n
         self.sizes: Sequence[int]
-        self.shares_col: Sequence[int]  # ``shares`` packed, for the segment's columns
+        shares: Sequence[int] | None = None
+        sizes: array[int] | None = None
+        if given is not None:  # (an open record's: counted as its messages came)
+            sizes, shares = given
+            self.sizes = sizes
         if n == 1:  # a publish of one message: no arrays
             payload, hdr = payloads[0], (hdrs[0] if hdrs else b"")
             body = b"".join((_ONE.pack(len(payload), len(hdr)), hdr, payload))
-            shares = [fixed + len(payload) + len(hdr)]
-            self.sizes, self.shares_col = (len(payload),), shares
+            if shares is None:
+                self.sizes = (len(payload),)
+                shares = [REC_OVERHEAD + PER_MESSAGE + len(payload) + len(hdr)]
         elif hdrs is None:  # no message has headers (the common case): a column of zeros
-            sizes = array("I", map(len, payloads))
-            shares = sizes.tolist()
+            if sizes is None or shares is None:
+                sizes = self.sizes = array("I", map(len, payloads))
+                shares = [size + PER_MESSAGE for size in sizes]
+                shares[0] += REC_OVERHEAD
             body = b"".join([_le(sizes).tobytes(), bytes(4 * n), *payloads])
-            col = array("I", sizes)  # a copy (C speed), then the first one's fixed part
-            col[0] += fixed
-            self.sizes, self.shares_col = sizes, col
-            shares[0] += fixed
         else:
             sizes = array("I", map(len, payloads))
             hlens = array("I", map(len, hdrs))
-            shares = list(map(add, sizes, hlens))
-            shares[0] += fixed
             body = b"".join([_le(sizes).tobytes(), _le(hlens).tobytes(), *hdrs, *payloads])
-            self.sizes, self.shares_col = sizes, array("I", shares)
+            if shares is None:
+                self.sizes = sizes
+                shares = [size + PER_MESSAGE for size in map(add, sizes, hlens)]
+                shares[0] += REC_OVERHEAD
         rest = _REST.pack(len(body) + REC_OVERHEAD, first_seq, n, at)
         crc = zlib.crc32(body, zlib.crc32(rest))
         self.head = struct.pack("<II", REC_MAGIC, crc) + rest
@@ -302,8 +324,8 @@ class Record:
 
     def share(self, i: int) -> int:
         p, h = self.pstart, self.hstart
-        fixed = REC_OVERHEAD + PER_MESSAGE * self.n if i == 0 else 0
-        return p[i + 1] - p[i] + h[i + 1] - h[i] + fixed
+        share = PER_MESSAGE + p[i + 1] - p[i] + h[i + 1] - h[i]  # (as ``Encoded`` counts)
+        return share + REC_OVERHEAD if i == 0 else share
 
     def raw(self, i: int) -> tuple[bytes, bytes]:
         """(payload, packed headers or b"") of message ``first_seq + i``."""
@@ -392,6 +414,33 @@ class _Seg:
         self.cols: Columns | None = None  # the records so far, while appended to
 
 
+class _Open:
+    """A stream's record still taking messages (``append_open``): its place, its messages'
+    shares and the segment's counters are settled as they come; its bytes are encoded once,
+    when it is sealed. ``hdrs`` stays None while no message has headers."""
+
+    __slots__ = (
+        "at",
+        "first",
+        "hdrs",
+        "next_seq",
+        "offset",
+        "payloads",
+        "seg",
+        "shares",
+        "size",
+        "sizes",
+    )
+
+    def __init__(self, seg: _Seg, first: int, at: int) -> None:
+        self.seg, self.offset, self.first, self.next_seq, self.at = seg, seg.size, first, first, at
+        self.size = 0  # the shares so far: the record's length once sealed
+        self.payloads: list[bytes] = []
+        self.sizes = array("I")  # per message: payload bytes
+        self.shares = array("I")  # ... its share (what ``free`` takes)
+        self.hdrs: list[bytes] | None = None
+
+
 class _Stream:
     __slots__ = ("key", "next_segno", "segs")
 
@@ -424,6 +473,8 @@ class SegmentStore:
         self.disk, self.dir = disk, directory
         self.segment_bytes, self.flush_bytes, self.fsync = segment_bytes, flush_bytes, fsync
         self._streams: dict[str, _Stream] = {}
+        self._open: dict[str, _Open] = {}  # by stream key: records not sealed yet
+        self.open_bytes = OPEN_BYTES
         self._dropped: set[str] = set()  # keys never to be used again (in this process)
         self._readers: OrderedDict[str, ReadFile] = OrderedDict()
         self._cache: OrderedDict[tuple[str, int], Record] = OrderedDict()  # (path, offset)
@@ -470,7 +521,7 @@ class SegmentStore:
 
     def append_batch(
         self, key: str, first_seq: int, at: int, items: Sequence[tuple[bytes, Headers]]
-    ) -> tuple[list[int], list[int]]:
+    ) -> tuple[list[int], Sequence[int]]:
         """Append messages ``first_seq``, ``first_seq + 1``, ... published at ``at`` as one
         record; returns per message its location (the record's) and its share of the record's
         length (the shares add up to it): what ``read`` and ``free`` take."""
@@ -481,19 +532,109 @@ class SegmentStore:
             return [loc], [size]
         return self._put(key, encode_record(first_seq, at, items))
 
-    def _put(self, key: str, rec: Encoded) -> tuple[list[int], list[int]]:
+    def append_open(
+        self, key: str, first_seq: int, at: int, items: Sequence[tuple[bytes, Headers]]
+    ) -> tuple[list[int], Sequence[int]]:
+        """``append_batch``, but into the stream's *open* record: extended when these
+        messages continue it (the next seqs, the same ``at``, below ``open_bytes``, its
+        segment below its roll size), else sealed and a new one opened. Locations, shares
+        and the counters are final at once; the bytes are written by ``seal`` (or any method
+        that reads or moves bytes), the same bytes one ``append_batch`` of all the messages
+        appended between two seals writes. Deterministic as long as every replica seals at
+        the same points (the state machine: at the end of each apply)."""
+        if not items:
+            return [], []
+        if self._broken is not None:
+            raise self._broken
+        op = self._open.get(key)
+        if (
+            op is None
+            or op.next_seq != first_seq
+            or op.at != at
+            or op.size >= self.open_bytes
+            or op.seg.size >= self.segment_bytes
+        ):
+            seg = self._tail_for(key)  # (seals the open one first)
+            op = self._open[key] = _Open(seg, first_seq, at)
+        n = len(items)
+        first = not op.payloads
+        if n == 1:  # the common publish of one message: no lists
+            payload, headers = items[0]
+            hdr = msgpack.packb(dict(headers)) if headers else b""
+            op.payloads.append(payload)
+            if hdr or op.hdrs is not None:
+                if op.hdrs is None:
+                    op.hdrs = [b""] * (len(op.payloads) - 1)
+                op.hdrs.append(hdr)
+            share = PER_MESSAGE + len(payload) + len(hdr) + (REC_OVERHEAD if first else 0)
+            op.sizes.append(len(payload))
+            op.shares.append(share)
+            shares: Sequence[int] = (share,)
+        else:
+            payloads = list(map(_PAYLOAD, items))
+            op.payloads += payloads
+            sizes = array("I", map(len, payloads))
+            if any(map(_HEADERS, items)) or op.hdrs is not None:
+                hdrs = [msgpack.packb(dict(h)) if h else b"" for _, h in items]
+                if op.hdrs is None:
+                    op.hdrs = [b""] * (len(op.payloads) - n)
+                op.hdrs += hdrs
+                both = map(add, sizes, map(len, hdrs))
+                col = array("I", [size + PER_MESSAGE for size in both])
+            else:  # (a comprehension: twice as fast as map() of a bound method)
+                col = array("I", [size + PER_MESSAGE for size in sizes])
+            if first:
+                col[0] += REC_OVERHEAD
+            share = sum(col)
+            op.sizes += sizes
+            op.shares += col
+            shares = col
+        op.size += share
+        op.next_seq += n
+        self._grew(op.seg, share, n)
+        return [location(op.seg.segno, op.offset)] * n, shares
+
+    def seal(self) -> None:
+        """Write every open record (``append_open``): the end of an apply."""
+        if self._broken is not None:  # (refusing every call; the journal replays them)
+            self._open.clear()
+        if self._open:
+            for key in list(self._open):
+                self._seal(key)
+
+    def _seal(self, key: str) -> None:
+        op = self._open.pop(key, None)
+        if op is None:
+            return
+        rec = Encoded(op.first, op.at, op.payloads, op.hdrs, (op.sizes, op.shares))
+        seg = op.seg
+        if REC_OVERHEAD + len(rec.body) != op.size or seg.flushed + len(seg.buf) != op.offset:
+            self._broken = StorageError(  # a bug, not bad luck: stop before writing
+                f"{seg.path}: the open record at offset {op.offset} does not add up"
+            )
+            raise self._broken
+        if seg.cols is not None:
+            seg.cols.add(rec.first_seq, rec.at, op.offset, rec.shares, rec.sizes)
+        seg.buf += rec.head
+        seg.buf += rec.body
+        if len(seg.buf) >= self.flush_bytes:
+            self._flush(seg)
+
+    def _put(self, key: str, rec: Encoded) -> tuple[list[int], Sequence[int]]:
         seg = self._tail_for(key)
         loc = location(seg.segno, seg.size)
         if seg.cols is not None:  # array to array: copies, no work per message
-            seg.cols.add(rec.first_seq, rec.at, seg.size, rec.shares_col, rec.sizes)
+            seg.cols.add(rec.first_seq, rec.at, seg.size, rec.shares, rec.sizes)
         seg.buf += rec.head
         seg.buf += rec.body
         self._grew(seg, REC_OVERHEAD + len(rec.body), rec.n)
         return [loc] * rec.n, rec.shares
 
     def _tail_for(self, key: str) -> _Seg:
-        """The segment the next record of ``key`` goes to."""
+        """The segment the next record of ``key`` goes to (its open record sealed)."""
         self._check()
+        if key in self._open:
+            self._seal(key)
         st = self._streams.get(key)
         if st is None:
             st = self._new_stream(key)
@@ -516,6 +657,8 @@ class SegmentStore:
         share); StorageCorrupt naming the file when it is missing, short or damaged, never
         another message's payload."""
         self._check()
+        if self._open:
+            self._seal(key)
         got = self._message_or_record(key, seq, loc, length)
         if isinstance(got, Record):
             return got.message(self._index(got, seq, length))
@@ -539,6 +682,8 @@ class SegmentStore:
         """``read`` of each ``(seq, location, length)``; a record read and checked once serves
         all of its messages (the cache keeps the recent ones)."""
         self._check()
+        if self._open:
+            self._seal(key)
         out: list[Message] = []
         last, rec = -1, None
         for seq, loc, length in items:
@@ -657,6 +802,8 @@ class SegmentStore:
 
     def clear(self, key: str) -> None:
         """Retire every segment of a stream, which goes on (a purge of the topic)."""
+        if self._open:
+            self._seal(key)
         st = self._streams.get(key)
         if st is not None:
             for seg in list(st.segs.values()):
@@ -679,6 +826,8 @@ class SegmentStore:
 
     def stats(self, key: str) -> list[tuple[int, int, int, int]]:
         """(segno, size, live records, live bytes) of each segment of a stream."""
+        if self._open:
+            self._seal(key)
         st = self._streams.get(key)
         if st is None:
             return []
@@ -697,6 +846,7 @@ class SegmentStore:
         """(key, segno) of segments, other than streams' tails, whose dead bytes are at least
         ``min_dead`` of their records' bytes: what a compaction would shrink. Deterministic
         order (streams in creation order, segments ascending)."""
+        self.seal()
         out = []
         for st in self._streams.values():
             tail = st.tail()
@@ -715,6 +865,8 @@ class SegmentStore:
         length)}`` for the caller's index. Deterministic: the same files and index give the
         same result on every replica."""
         self._check()
+        if self._open:
+            self._seal(key)
         st = self._streams[key]
         seg = st.segs[segno]
         if seg is st.tail():
@@ -758,6 +910,7 @@ class SegmentStore:
         each live segment's (segno, size, live records, live bytes). Writes the buffers (so an
         export can read everything up to the marks) and returns the epoch to ``commit``."""
         self._check()
+        self.seal()
         out: Marks = []
         for st in self._streams.values():
             segs = []
@@ -773,6 +926,7 @@ class SegmentStore:
         """Make every appended byte and every new segment name durable (before a snapshot
         lets the journal drop the entries that wrote them)."""
         self._check()
+        self.seal()
         for st in self._streams.values():
             for seg in st.segs.values():
                 self._flush(seg)
@@ -822,6 +976,7 @@ class SegmentStore:
         bad header raises StorageCorrupt naming it: those bytes were synced before the
         snapshot was written."""
         self._close_all()
+        self._open = {}  # (dropped, not sealed: the buffers are dropped too, as on a crash)
         self._streams, self._dropped, self._broken = {}, set(), None
         self._live_bytes = self._seg_bytes = 0
         with self._lock:
@@ -924,6 +1079,7 @@ class SegmentStore:
         ``chunk`` data bytes, read from the files (never the whole backlog in memory). Call it
         where the marks were taken (the apply thread): the segments are pinned at once, until
         the export is exhausted or closed. Iterating is safe on another thread."""
+        self.seal()
         return Export(self, marks, chunk)
 
     def install(self, staging: str) -> None:
@@ -937,6 +1093,7 @@ class SegmentStore:
             raise StorageError(f"{staging}: {e}") from e
         if COMPLETE not in names:
             raise StorageError(f"{staging}: import not complete")
+        self.seal()
         self._close_all()
         self._ready = False
         try:
@@ -1013,6 +1170,8 @@ class SegmentStore:
         """(segno, its records' columns) of each segment of a stream, from the sidecars, or
         by scanning the segment where there is none (or it is bad)."""
         self._check()
+        if self._open:
+            self._seal(key)
         st = self._streams.get(key)
         for seg in list(st.segs.values()) if st is not None else []:
             if seg.cols is not None:
@@ -1066,7 +1225,7 @@ class SegmentStore:
             seg.file.write_at(seg.flushed, bytes(seg.buf))
         except OSError as e:
             raise self._fail(seg.path, "write failed", e) from e
-        seg.flushed = seg.size
+        seg.flushed += len(seg.buf)  # (not seg.size: it counts an open record already)
         seg.buf = bytearray()
         seg.dirty = True
 
@@ -1107,6 +1266,7 @@ class SegmentStore:
         """Write the buffers (not synced: the journal replays what a power loss drops) and
         close every file."""
         if self._broken is None and self._ready:
+            self.seal()
             for st in self._streams.values():
                 for seg in st.segs.values():
                     self._flush(seg)

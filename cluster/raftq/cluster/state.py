@@ -25,8 +25,9 @@ compactions happen inside apply, so every replica writes the same bytes at the s
 memory a topic keeps only ``Topic.index`` (``msgindex.MsgIndex``: packed columns by seq of the
 record's location and length, payload size, publish time and ``refs``, how many groups have
 yet to settle it, counting a group only from its ``pin`` on, its creation point) and
-``Topic.okeys`` (the ordering keys of retained messages that have one). A publish is one
-``append_batch``; every removal frees its record; dead-lettering and redrive read the source
+``Topic.okeys`` (the ordering keys of retained messages that have one). A publish goes to
+its stream's open record (``append_open``): one record per topic per apply, sealed at its end
+on every replica alike; every removal frees its share; dead-lettering and redrive read the source
 record and append to the target stream. Receive results name what to read: ``apply_batch(...,
 read=True)`` fills in payloads and headers once the whole batch is applied (the leader);
 ``read=False`` leaves them out (followers). A ``StorageError`` propagates out of apply: the
@@ -476,6 +477,8 @@ class Broker:
         except BaseException:
             self._reads.clear()
             raise
+        finally:
+            self.store.seal()  # the open records end with the apply, as on every replica
         self._read(True)
         return result
 
@@ -490,18 +493,23 @@ class Broker:
         self._reads.clear()
         self._advance(_now(now))
         out: list[dict[str, Any]] = []
-        for cmd in commands:
-            try:
-                if type(cmd) is not dict and not isinstance(cmd, Mapping):
-                    raise InvalidArgument("command must be a map", field="command")
-                out.append(self._dispatch(cmd))
-            except BrokerError as e:
-                out.append({"error": e.to_wire()})
-            except StorageError:
-                self._reads.clear()
-                raise
-            except Exception as e:  # a bug must not take every replica down with it
-                out.append({"error": {"code": "internal", "message": repr(e), "details": {}}})
+        try:
+            for cmd in commands:
+                try:
+                    if type(cmd) is not dict and not isinstance(cmd, Mapping):
+                        raise InvalidArgument("command must be a map", field="command")
+                    out.append(self._dispatch(cmd))
+                except BrokerError as e:
+                    out.append({"error": e.to_wire()})
+                except StorageError:
+                    self._reads.clear()
+                    raise
+                except Exception as e:  # a bug must not take every replica down with it
+                    out.append({"error": {"code": "internal", "message": repr(e), "details": {}}})
+        finally:
+            # One record per stream per entry: the open records end with the batch, at the
+            # same point on every replica (a replay too), before anything reads them.
+            self.store.seal()
         self._read(read)
         return out
 
@@ -866,9 +874,12 @@ class Broker:
         n_fresh = n
         if keyed:
             self._keyed = True
-        if n:  # one store append per command: the records of the whole batch
-            locs, lengths = self.store.append_batch(t.key, first, now, staged)
-            t.index.extend(locs, lengths, sizes, now, ngroups)
+        if n:  # into the stream's open record: one record per topic per apply (entry)
+            locs, lengths = self.store.append_open(t.key, first, now, staged)
+            if n == 1:
+                t.index.append(locs[0], lengths[0], sizes[0], now, ngroups)
+            else:
+                t.index.extend(locs, lengths, sizes, now, ngroups)
         # batch_keys holds exactly this publish's new keys, in order, with their seqs.
         keys = list(batch_keys) if window and batch_keys else None
         if keys:
@@ -963,9 +974,11 @@ class Broker:
         """Message ``seq`` leaves the topic: out of the index, its record freed in the store."""
         r = t.index.remove(seq)
         assert r is not None
-        self.store.free(t.key, r[0], r[1])
+        loc, length, size = r
+        self.store.free(t.key, loc, length)
         t.count -= 1
-        t.bytes -= r[2]
+        t._bytes -= size  # (the ``bytes`` setter inline: this runs once per ack)
+        t._total[0] -= size
         if t.okeys:
             t.okeys.pop(seq, None)
 
@@ -989,10 +1002,19 @@ class Broker:
             return
         if t.pinned and _pinned_elsewhere(t, g, seq):
             return
-        was_oldest = i == ix.head
-        self._free(t, seq)
-        if was_oldest:
-            t.trimmed()
+        # ``_free`` inline (checked above already): this runs once per ack.
+        refs[i] = GONE
+        size = ix.size[i]
+        self.store.free(t.key, ix.loc[i], ix.length[i])
+        t.count -= 1
+        t._bytes -= size
+        t._total[0] -= size
+        if t.okeys:
+            t.okeys.pop(seq, None)
+        if i == ix.head:
+            ix.trim()
+            if t.pinned:
+                t.trimmed()
 
     def _settle_fresh(self, t: Topic, g: Group) -> int:
         """Settle every fresh message of ``g`` at once (delete or purge of a group): one tight
@@ -1324,8 +1346,8 @@ class Broker:
         """Append one message (a dead letter, a redrive) to the store and the index."""
         seq = t.next_seq
         t.next_seq += 1
-        loc, length = self.store.append(t.key, seq, self.now, payload, hdrs)
-        t.index.append(loc, length, len(payload), self.now, refs)
+        locs, lengths = self.store.append_open(t.key, seq, self.now, [(payload, hdrs)])
+        t.index.append(locs[0], lengths[0], len(payload), self.now, refs)
         if okey is not None:
             t.okeys[seq] = okey
         t.count += 1
