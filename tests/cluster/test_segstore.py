@@ -435,7 +435,9 @@ def test_enospc_is_a_clean_storage_error_and_leaves_no_partial_record_readable(
     locs = _append(s, "t.1", range(1, 10))
     _, marks = s.marks()
     s.sync()
-    with pytest.raises(StorageError, match=r"t\.1~0000000\d\.seg: write failed: disk full") as e:
+    with pytest.raises(
+        StorageError, match=r"t\.1~0000000\d\.seg: write failed: No space left on device \(ENOSPC\)"
+    ) as e:
         _append(s, "t.1", range(10, 200))
     with pytest.raises(StorageError) as again:
         s.read("t.1", 1, *locs[1])

@@ -164,7 +164,7 @@ async def test_enospc_on_a_follower_stops_it_and_it_catches_up_once_space_is_fre
             await leader.propose([pub("t", _payload(i))])
         await until("the full follower to stop", lambda: follower.status().role == "stopped")
         assert disks[nid].refused, "the fault never fired"
-        why = "disk full (ENOSPC)" if full == STORE else "No space left on device"
+        why = "No space left on device (ENOSPC)" if full == STORE else "No space left on device"
         # (the journal names the segment a roll was writing, journal.log.N, as a whole)
         _stopped_naming(follower, why, disks[nid].refused[0] if full == STORE else full)
         assert leader.is_leader()

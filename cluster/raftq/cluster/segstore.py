@@ -1115,7 +1115,7 @@ class SegmentStore:
             raise RuntimeError("SegmentStore used before truncate_to()")
 
     def _fail(self, path: str, what: str, e: OSError) -> StorageError:
-        full = "disk full (ENOSPC)" if e.errno == errno.ENOSPC else str(e)
+        full = "No space left on device (ENOSPC)" if e.errno == errno.ENOSPC else str(e)
         self._broken = StorageError(f"{path}: {what}: {full}")
         return self._broken
 
