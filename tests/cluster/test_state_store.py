@@ -282,35 +282,25 @@ def test_a_v6_snapshot_converts_to_v7_keeping_every_message(h: Harness) -> None:
     assert old.digest() == h.b.digest()
 
 
-def test_a_storage_error_propagates_out_of_apply_and_apply_batch(h: Harness) -> None:
+@pytest.mark.parametrize("where", ["append_open", "seal"])
+def test_a_storage_error_from_the_store_propagates_out_of_apply_and_apply_batch(
+    h: Harness, where: str
+) -> None:
+    """From an append, or from writing the open records at the end of the batch."""
     h.topic("t")
+    calls = []
 
     def broken(*args: Any) -> Any:
+        calls.append(True)
         raise StorageError("/x/t.0~00000000.seg: write failed: disk full (ENOSPC)")
 
-    h.b.store.append_open = broken
+    setattr(h.b.store, where, broken)
     cmd = {"op": "publish", "topic": "t", "messages": [{"payload": b"x"}]}
     with pytest.raises(StorageError):
         h.b.apply_batch(h.now, [cmd])
     with pytest.raises(StorageError):
         h.b.apply({**cmd, "now": h.now})
-
-
-def test_a_storage_error_writing_the_open_records_propagates_too(h: Harness) -> None:
-    h.topic("t")
-    sealed = []
-
-    def broken() -> None:
-        sealed.append(True)
-        raise StorageError("/x/t.0~00000000.seg: write failed: disk full (ENOSPC)")
-
-    h.b.store.seal = broken
-    cmd = {"op": "publish", "topic": "t", "messages": [{"payload": b"x"}]}
-    with pytest.raises(StorageError):
-        h.b.apply_batch(h.now, [cmd])
-    with pytest.raises(StorageError):
-        h.b.apply({**cmd, "now": h.now})
-    assert len(sealed) == 2
+    assert len(calls) == 2
 
 
 def test_use_store_only_swaps_the_store_of_an_empty_broker(h: Harness) -> None:
