@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from raftq.cluster import msgindex
 from raftq.cluster.msgindex import GONE, DedupKeys, DigestTable, MsgIndex, key_digest
 from raftq.cluster.segstore import SegmentStore
 from raftq.cluster.storage import OsDisk, StorageCorrupt
@@ -42,11 +43,60 @@ def test_refs_count_down_and_compaction_moves_are_applied() -> None:
     assert not ix.is_live(4, 1 << 32 | 24)
 
 
-def test_an_index_costs_under_32_bytes_a_message() -> None:
+def test_an_index_costs_16_bytes_a_message_and_16_a_record() -> None:
+    batched, single = MsgIndex(), MsgIndex()
+    for r in range(1000):  # records of 100 messages (a publish of 100)
+        batched.extend([r << 12] * 100, [108] * 100, [100] * 100, AT + r, 1)
+    for i in range(100_000):  # a record per message
+        single.append(i << 8, 130, 100, AT + i, 1)
+    assert len(batched.rloc) == 1000 and len(single.rloc) == 100_000
+    assert batched.nbytes() / 100_000 < 17.5
+    assert single.nbytes() / 100_000 < 34
+
+
+def test_messages_of_one_record_share_its_location_and_time() -> None:
     ix = MsgIndex()
-    for i in range(100_000):
-        ix.append(i << 8, 130, 100, AT + i, 1)
-    assert ix.nbytes() / 100_000 < 32
+    ix.append(64, 40, 2, AT, 1)
+    ix.append(64, 10, 2, AT, 1)  # the same open record, another publish of the entry
+    ix.extend([64, 64], [10, 10], [2, 2], AT, 1)
+    ix.extend([128, 128, 4096], [40, 10, 40], [2, 2, 2], AT + 1, 1)  # (not one record)
+    assert len(ix.rloc) == 3 and list(ix.rec) == [0, 0, 0, 0, 1, 1, 2]
+    assert [ix.get(s) for s in (1, 4, 5, 7)] == [
+        (64, 40, 2, AT), (64, 10, 2, AT), (128, 40, 2, AT + 1), (4096, 40, 2, AT + 1)
+    ]
+
+
+def test_relocated_messages_keep_their_time_and_the_record_table_is_trimmed() -> None:
+    ix = MsgIndex()
+    for r in range(3000):
+        ix.extend([r << 8] * 2, [30, 22], [4, 4], AT + r, 1)
+    # a compaction copies seqs 5001 and 5002 (record 2500) to a new record, then 1 and 2
+    ix.relocate({5001: (9 << 32, 30), 5002: (9 << 32, 22)})
+    ix.relocate({1: (10 << 32, 30), 2: (10 << 32, 22)})
+    assert ix.get(5001) == (9 << 32, 30, 4, AT + 2500) and ix.is_live(5002, 9 << 32)
+    assert ix.get(1) == (10 << 32, 30, 4, AT) and not ix.is_live(1, 0)
+    for seq in range(3, 5001):
+        ix.remove(seq)
+    assert ix.oldest_seq() == 1 and len(ix.rloc) == 3002, "seq 1 holds the prefix"
+    ix.remove(1)
+    ix.remove(2)  # the head moves to 5001, the columns and then the records are cut
+    assert ix.first_seq > 3000 and ix.rbase == 2501 and len(ix.rloc) == 501
+    assert ix.get(5001) == (9 << 32, 30, 4, AT + 2500), "a relocated record is kept"
+    assert ix.get(6000) == (2999 << 8, 22, 4, AT + 2999)
+
+
+def test_record_ids_are_renumbered_before_they_overflow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(msgindex, "_REC_LIMIT", 5000)
+    ix = MsgIndex()
+    for i in range(20_000):
+        ix.append(i << 8, 30, 1, AT + i, 1)
+        if i >= 10:
+            ix.remove(i - 9)
+    assert ix.rbase + len(ix.rloc) <= 5000 and len(ix) == 10
+    assert ix.get(20_000) == (19_999 << 8, 30, 1, AT + 19_999) and ix.get(19_990) is None
+    assert ix.get(19_991) == (19_990 << 8, 30, 1, AT + 19_990)
 
 
 def _build(path: Path) -> tuple[SegmentStore, MsgIndex]:
@@ -100,7 +150,7 @@ def test_restore_refuses_a_retained_message_without_a_record(tmp_path: Path) -> 
     s, ix = _build(tmp_path)
     dumped = ix.dump()
     cols = list(s.columns("t.1"))
-    with pytest.raises(StorageCorrupt, match="have no record"):
+    with pytest.raises(StorageCorrupt, match="has no record"):
         MsgIndex.restore(dumped, cols[1:])
 
 

@@ -1005,7 +1005,7 @@ class Broker:
         # ``_free`` inline (checked above already): this runs once per ack.
         refs[i] = GONE
         size = ix.size[i]
-        self.store.free(t.key, ix.loc[i], ix.length[i])
+        self.store.free(t.key, ix.rloc[ix.rec[i] - ix.rbase], ix.length[i])
         t.count -= 1
         t._bytes -= size
         t._total[0] -= size
@@ -1124,7 +1124,8 @@ class Broker:
         first = g.first
         okeys = t.okeys  # (empty unless a message with an ordering key was published)
         ix = t.index
-        base, locs, lengths, ats = ix.first_seq, ix.loc, ix.length, ix.at
+        base, recs, rbase, lengths = ix.first_seq, ix.rec, ix.rbase, ix.length
+        rlocs, rats = ix.rloc, ix.rat
         reads, key = self._reads, t.key
         for seq in seqs:
             attempt = held[seq] + 1
@@ -1134,17 +1135,18 @@ class Broker:
             inflight[seq] = [consumer, mac, deadline, f]
             mine[seq] = None
             i = seq - base
+            r = recs[i] - rbase
             d = {
                 "seq": seq,
                 "attempt": attempt,
                 "receipt": f"{prefix}{seq}:{attempt}:{mac}",
-                "published_at": ats[i],
+                "published_at": rats[r],
                 "deadline": deadline,
                 "first_received_at": f,
             }
             if okeys and seq in okeys:
                 d["ordering_key"] = okeys[seq]
-            reads.append((d, key, seq, locs[i], lengths[i]))  # (payload, headers: _read)
+            reads.append((d, key, seq, rlocs[r], lengths[i]))  # (payload, headers: _read)
             out.append(d)
         g.counters["delivered"] += len(seqs)
         g.counters["redelivered"] += sum(1 for d in out if d["attempt"] > 1)
