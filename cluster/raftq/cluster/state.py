@@ -23,8 +23,9 @@ in-memory one over ``memdisk.MemDisk``), one stream per topic incarnation (``Top
 ``f"{name}.{n}"`` with ``n`` from ``next_stream``, never reused). Appends, frees, clears and
 compactions happen inside apply, so every replica writes the same bytes at the same offsets. In
 memory a topic keeps only ``Topic.index`` (``msgindex.MsgIndex``: packed columns by seq of the
-record's location and length, payload size, publish time and ``refs``, how many groups have
-yet to settle it, counting a group only from its ``pin`` on, its creation point) and
+record (an id into a table of record location and publish time), the message's length there,
+payload size and ``refs``, how many groups have yet to settle it, counting a group only from
+its ``pin`` on, its creation point; 16 B a message) and
 ``Topic.okeys`` (the ordering keys of retained messages that have one). A publish goes to
 its stream's open record (``append_open``): one record per topic per apply, sealed at its end
 on every replica alike; every removal frees its share; dead-lettering and redrive read the source

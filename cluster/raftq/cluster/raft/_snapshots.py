@@ -90,6 +90,7 @@ class _Snapshots:
         # bytes applied are counted here (by Proposals.apply, which calls force_by_bytes).
         self.compaction_entries = compaction_entries
         self.since_compaction = 0
+        self.last_bytes = 0  # the size of the last snapshot written
         self.compaction_bytes = _jitter(COMPACTION_BYTES)
 
     def rearm(self) -> None:
@@ -97,9 +98,9 @@ class _Snapshots:
         self._raft.set_compaction_entries(int(_jitter(self.compaction_entries)))
 
     def force_by_bytes(self) -> None:
-        """``COMPACTION_BYTES`` (jittered) of entries applied since the last: snapshot now."""
+        """``compaction_bytes`` of entries applied since the last: snapshot now."""
         self.since_compaction = 0
-        self.compaction_bytes = _jitter(COMPACTION_BYTES)
+        self.compaction_bytes = _jitter(max(COMPACTION_BYTES, self.last_bytes))
         self._raft.force_compaction()  # taken up by pysyncobj's next compaction check
 
     def _blob(self, data: Any, marks: Marks) -> list[bytes]:
@@ -207,6 +208,14 @@ class _Snapshots:
         again and get this one), and segments retired before it may go."""
         self.cancel_all()
         self._owner.broker.store.commit(self._epoch)
+        # The next snapshot comes after as many entry bytes as this one holds (at least
+        # COMPACTION_BYTES): a big dedup window never makes snapshots most of the writes.
+        if self._mem is not None:
+            self.last_bytes = len(self._mem)
+        elif self._path is not None:
+            with contextlib.suppress(OSError):
+                self.last_bytes = os.path.getsize(self._path)
+        self.compaction_bytes = _jitter(max(COMPACTION_BYTES, self.last_bytes))
 
     def cancel_all(self) -> None:
         for tx in self._tx.values():

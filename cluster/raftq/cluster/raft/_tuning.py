@@ -56,7 +56,10 @@ COMPACTION_ENTRIES = 10_000  # entries stay in RAM until compacted: 10k batches 
 # the child, longest tick < 0.3 s), so it can run often.
 COMPACTION_SECONDS = 300.0
 SNAPSHOT_SYNC_EVERY = 4 << 20  # the snapshot writer's flushes, so journal fsyncs pass between
-COMPACTION_BYTES = 64 << 20  # also snapshot after this many entry bytes: big batches reach ~1M
+COMPACTION_BYTES = 32 << 20  # also snapshot after this many entry bytes (or the last snapshot's
+# size, when larger: _snapshots.py). Entries stay in RAM until then, so this bounds the journal's
+# share of a node's memory; snapshots without payloads (issue 22) made 64 MB (before) needless.
+# Big batches reach ~1M
 # messages in ~1000 entries, which never hit COMPACTION_ENTRIES, so a restart replayed the whole
 # journal in one tick (3.6-5.1 s, past the election timeout; raftq bench --cases m: 10-12 s to
 # ready with 1M x 100 B). Restoring a snapshot of the same takes ~0.5 s.
