@@ -62,7 +62,10 @@ def test_messages_of_one_record_share_its_location_and_time() -> None:
     ix.extend([128, 128, 4096], [40, 10, 40], [2, 2, 2], AT + 1, 1)  # (not one record)
     assert len(ix.rloc) == 3 and list(ix.rec) == [0, 0, 0, 0, 1, 1, 2]
     assert [ix.get(s) for s in (1, 4, 5, 7)] == [
-        (64, 40, 2, AT), (64, 10, 2, AT), (128, 40, 2, AT + 1), (4096, 40, 2, AT + 1)
+        (64, 40, 2, AT),
+        (64, 10, 2, AT),
+        (128, 40, 2, AT + 1),
+        (4096, 40, 2, AT + 1),
     ]
 
 

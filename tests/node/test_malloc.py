@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import platform
 import subprocess
 import sys
@@ -30,5 +31,5 @@ def test_without_mallopt_it_does_nothing(monkeypatch: pytest.MonkeyPatch) -> Non
             raise OSError("no such library")
 
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    monkeypatch.setattr(malloc.ctypes, "CDLL", NoLibc)
+    monkeypatch.setattr(ctypes, "CDLL", NoLibc)
     assert malloc.fix_mmap_threshold() is False

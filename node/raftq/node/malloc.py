@@ -33,7 +33,7 @@ def fix_mmap_threshold() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    ok: bool = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
     if not ok:
         log.debug("mallopt(M_MMAP_THRESHOLD) refused; the allocator keeps its defaults")
     return ok
