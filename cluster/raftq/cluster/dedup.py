@@ -59,6 +59,22 @@ class DedupKeys:
     def __len__(self) -> int:
         return self.n
 
+    def lookup(self, key: str) -> tuple[bytes, int | None]:
+        """The digest of ``key`` and the seq it published, or None: ``key_digest`` and
+        ``get`` in one call (a publish makes one per key)."""
+        h = _PROTO.copy()
+        h.update(key.encode())
+        d = h.digest()
+        b = self.buckets[hash(d) & self.mask]
+        i = b.find(d)
+        if i < 0:
+            return d, None
+        while i % ENTRY:
+            i = b.find(d, i + 1)
+            if i < 0:
+                return d, None
+        return d, int.from_bytes(b[i + 16 : i + ENTRY], "little")
+
     def get(self, d: bytes) -> int | None:
         """The seq a digest published, or None."""
         b = self.buckets[hash(d) & self.mask]

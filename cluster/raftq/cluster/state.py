@@ -60,7 +60,7 @@ from typing import Any
 import msgpack
 
 from raftq.cluster import validate as v
-from raftq.cluster.dedup import DedupKeys, key_digest
+from raftq.cluster.dedup import DedupKeys
 from raftq.cluster.errors import (
     BrokerError,
     GroupExists,
@@ -804,8 +804,7 @@ class Broker:
             if key is not None:
                 v.string(key, "key", v.MAX_KEY_LEN)
                 if window:  # (one digest per key, for the lookup and the insert)
-                    key = key_digest(key)
-                    prior = dedup.get(key)
+                    key, prior = dedup.lookup(key)
                     if prior is not None:
                         results.append({"seq": prior, "duplicate": True})
                         continue
