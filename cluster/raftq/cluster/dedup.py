@@ -2,11 +2,13 @@
 
 A key is kept as its 16-byte blake2b digest (``key_digest``: a collision among 2^64 keys is
 as likely as not; a window holds millions at most) with the seq it published. ``DedupKeys``
-puts each as a 24-byte entry (digest, seq as 8 little-endian bytes) in one of 2^k
-``bytearray`` buckets, chosen by ``hash(digest)``: a lookup is one ``bytearray.find`` (C)
-over a few entries, so the per-key work in Python is a hash, a find and an append, with no
-Python object per key. (``DigestTable``, an open-addressing table probed in Python, cost
-8-13 % CPU cluster-wide.) ~60 B a key in all, against ~165 B for a dict of uuid strings.
+puts each as a 24-byte entry (digest, seq as 8 little-endian bytes) in one of 2^k buckets,
+chosen by ``hash(digest)``: a ``bytes`` of 2-8 entries (one allocation, 33 B of header; an
+empty one is the shared ``b""``; an insert or delete makes a new one, a copy of ~100-200 B).
+A lookup is one ``bytes.find`` (C) over a few entries, so the per-key work in Python is a
+hash, a find and a concatenation, with no Python object per key (``msgindex.DigestTable``,
+an open-addressing table probed in Python, cost 8-13 % CPU cluster-wide). 47-60 B a key in
+all (``bench/dedup.py``), against ~165 B for a dict of uuid strings.
 
 Expiry is per publish command, as before: a heap of rows ``(expires_at, first seq, digests)``,
 one per publish (publishes of one entry to a topic share a row: same expiry), and expiring a
@@ -48,7 +50,7 @@ class DedupKeys:
     __slots__ = ("buckets", "heap", "last", "mask", "n")
 
     def __init__(self) -> None:
-        self.buckets: list[bytearray] = [bytearray()]
+        self.buckets: list[bytes] = [b""]
         self.mask = 0  # len(buckets) - 1, a power of two minus one
         self.n = 0  # live keys
         # (expires_at, first seq, digests joined), a min-heap; ``last`` is the row pushed
@@ -124,7 +126,7 @@ class DedupKeys:
                 while i > 0 and i % ENTRY:
                     i = b.find(d, i + 1)
                 if i >= 0:
-                    del b[i : i + ENTRY]
+                    buckets[hash(d) & mask] = b[ENTRY:] if i == 0 else b[:i] + b[i + ENTRY :]
                     n += 1
         self.n -= n
         if n and self.mask and self.n < SHRINK_AT * (self.mask + 1):
@@ -138,9 +140,8 @@ class DedupKeys:
         while GROW_AT * size < 2 * self.n:
             size *= 2
         mask = size - 1
-        new = [bytearray() for _ in range(size)]
-        for old in self.buckets:
-            raw = bytes(old)
+        new = [b""] * size
+        for raw in self.buckets:
             for i in range(0, len(raw), ENTRY):
                 new[hash(raw[i : i + 16]) & mask] += raw[i : i + ENTRY]
         self.buckets, self.mask = new, mask
