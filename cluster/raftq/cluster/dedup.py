@@ -6,8 +6,8 @@ puts each as a 24-byte entry (digest, seq as 8 little-endian bytes) in one of 2^
 chosen by ``hash(digest)``: a ``bytes`` of 2-8 entries (one allocation, 33 B of header; an
 empty one is the shared ``b""``; an insert or delete makes a new one, a copy of ~100-200 B).
 A lookup is one ``bytes.find`` (C) over a few entries, so the per-key work in Python is a
-hash, a find and a concatenation, with no Python object per key (``msgindex.DigestTable``,
-an open-addressing table probed in Python, cost 8-13 % CPU cluster-wide). 47-60 B a key in
+hash, a find and a concatenation, with no Python object per key (an open-addressing table
+probed in Python, ``msgindex.DigestTable`` before, cost 8-13 % CPU cluster-wide). 47-60 B a key in
 all (``bench/dedup.py``), against ~165 B for a dict of uuid strings.
 
 Expiry is per publish command, as before: a heap of rows ``(expires_at, first seq, digests)``,
