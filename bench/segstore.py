@@ -19,7 +19,8 @@ Measures on one core, through the real file system (``OsDisk``):
   before replaying the journal), and the size of the index's part of a snapshot (``dump()``);
 - memory per message of ``MsgIndex`` at each --index-sizes (``nbytes`` and tracemalloc),
   against today's ``Topic.msgs`` + ``refs`` (a tuple and list slots per message, payload
-  excluded), and per key of ``DedupKeys`` against today's dict of str keys + heap rows.
+  excluded), and per key of ``dedup.DedupKeys`` against a dict of str keys + heap rows
+  (``bench/dedup.py`` has more on the keys).
 
 Numbers are noisy on a shared machine: run it twice.
 """
@@ -39,7 +40,8 @@ import tracemalloc
 import uuid
 from typing import Any
 
-from raftq.cluster.msgindex import DedupKeys, MsgIndex
+from raftq.cluster.dedup import DedupKeys, key_digest
+from raftq.cluster.msgindex import MsgIndex
 from raftq.cluster.segstore import SegmentStore
 from raftq.cluster.storage import OsDisk
 
@@ -230,7 +232,7 @@ def bench_dedup(n: int) -> None:
     def new() -> DedupKeys:
         k = DedupKeys()
         for b in range(0, n, 100):
-            k.add(AT + b, [(keys[i], i + 1) for i in range(b, min(b + 100, n))])
+            k.add(AT + b, {key_digest(keys[i]): i + 1 for i in range(b, min(b + 100, n))})
         return k
 
     def old() -> tuple[dict[str, int], list[tuple[int, int, list[str]]]]:

@@ -6,8 +6,10 @@
 Loads the given ``state.py`` as A (its imports of ``raftq.cluster.*`` resolve to this
 checkout's) and this checkout's ``raftq.cluster.state`` as B, then alternates A B / B A over the
 same decoded entries of ``bench/state_machine.py``: publish of 100 x 100 B messages per entry,
-and receive max=100 + ack. It keeps each side's least CPU time (``process_time``) over the
-rounds: on a shared VM a rate scatters by 15-40 % from run to run, the best of many paired
+and receive max=100 + ack; then (unless ``--no-keyed``) the same publishes with an
+idempotency key (uuid-shaped) on every message, to a fresh broker each round (so the keys'
+table grows from empty: 30k keys). It keeps each side's least CPU time (``process_time``) over
+the rounds: on a shared VM a rate scatters by 15-40 % from run to run, the best of many paired
 rounds far less. Prints the rates and B/A.
 """
 
@@ -66,9 +68,11 @@ def main() -> None:
     ap.add_argument("base", help="the state.py of side A")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--batches", type=int, default=300, help="entries of 100 per case")
+    ap.add_argument("--no-keyed", dest="keyed", action="store_false", help="skip keyed publish")
     args = ap.parse_args()
     sides = {"A": load(args.base), "B": this_state}
     entries = [decode_entry(e) for e in sm.publish_entries(args.batches)]
+    keyed = [decode_entry(e) for e in sm.publish_entries(args.batches, keyed=True)]
     best: dict[tuple[str, str], float] = {}
     for r in range(args.rounds):
         for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
@@ -76,10 +80,17 @@ def main() -> None:
             best[name, "publish"] = min(best.get((name, "publish"), dt), dt)
             dt = receive_ack(b, args.batches)
             best[name, "receive+ack"] = min(best.get((name, "receive+ack"), dt), dt)
+            if args.keyed:
+                del b
+                dt, _ = publish(sides[name], keyed)
+                best[name, "publish keyed"] = min(best.get((name, "publish keyed"), dt), dt)
     n = args.batches * sm.BATCH
-    for case in ("publish", "receive+ack"):
+    for case in ("publish", "receive+ack", "publish keyed")[: 3 if args.keyed else 2]:
         a, b = best["A", case], best["B", case]
-        print(f"{case:<12} A {n / a:>12,.0f}/s   B {n / b:>12,.0f}/s   B/A {a / b:.3f}")
+        print(
+            f"{case:<13} A {n / a:>12,.0f}/s   B {n / b:>12,.0f}/s   B/A {a / b:.3f}"
+            f"   B-A {(b - a) / n * 1e6:+.3f} us/message"
+        )
 
 
 if __name__ == "__main__":

@@ -42,15 +42,27 @@ def new_broker() -> Broker:
     return b
 
 
-def publish_entries(n_batches: int, start_now: int = NOW) -> list[bytes]:
+def publish_entries(n_batches: int, start_now: int = NOW, keyed: bool = False) -> list[bytes]:
+    """Entries of one publish of BATCH messages; ``keyed``: each with its own idempotency key
+    (a uuid-shaped string, as the clients make)."""
     payload = bytes(range(PAYLOAD))
+    plain = [{"payload": payload}] * BATCH
+
+    def msgs(i: int) -> list[dict[str, Any]]:
+        if not keyed:
+            return plain
+        return [{"payload": payload, "key": uuid_key(i * BATCH + j)} for j in range(BATCH)]
+
     return [
-        encode_entry(
-            start_now + i,
-            [{"op": "publish", "topic": "t", "messages": [{"payload": payload}] * BATCH}],
-        )
+        encode_entry(start_now + i, [{"op": "publish", "topic": "t", "messages": msgs(i)}])
         for i in range(n_batches)
     ]
+
+
+def uuid_key(n: int) -> str:
+    """A uuid-shaped key, distinct for every n (deterministic)."""
+    h = f"{n * 0x9E3779B97F4A7C15 % (1 << 128):032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def bench_publish(n_batches: int) -> dict[str, float]:

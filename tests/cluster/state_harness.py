@@ -10,10 +10,16 @@ from typing import Any
 
 import msgpack
 
+from raftq.cluster.dedup import ENTRY, key_digest
 from raftq.cluster.msgindex import GONE
 from raftq.cluster.state import Broker, _age_due
 
 T0 = 1_700_000_000_000  # ms
+
+
+# Every idempotency key a Harness published, by digest: ``legacy_snapshot`` writes the keys
+# back (a v8 snapshot holds only their digests).
+KEYS: dict[bytes, str] = {}
 
 
 class Harness:
@@ -33,6 +39,10 @@ class Harness:
         cmd: dict[str, Any] = {"op": op, "now": self.now, **fields}
         if op == "receive" and "token" not in fields:
             cmd["token"] = self.token()
+        if op == "publish" and isinstance(fields.get("messages"), list):
+            for m in fields["messages"]:
+                if isinstance(m, dict) and isinstance(m.get("key"), str):
+                    KEYS[key_digest(m["key"])] = m["key"]
         try:
             return self.b.apply(cmd)
         finally:
@@ -88,11 +98,10 @@ def check_invariants(b: Broker) -> None:
         assert set(t.okeys) <= {base + i for i in live}, t.name
         assert sum(s[2] for s in b.store.stats(t.key)) == len(live), t.name
         live_bytes += sum(ix.length[i] for i in live)
-        held = [k for exp, _, keys in t.dedup_heap for k in keys if exp > b.now]
-        assert sorted(held) == sorted(t.dedup), "each key held is in exactly one live entry"
+        check_dedup(t.dedup, b.now)
         # what expires next is in the expiry indexes, no later than it is due
-        if t.dedup_heap:
-            assert b._dedup_expiry.at[t.name] <= t.dedup_heap[0][0], t.name
+        if t.dedup.heap:
+            assert b._dedup_expiry.at[t.name] <= t.dedup.heap[0][0], t.name
         age_due = _age_due(t)
         if age_due is not None:
             assert b._aging.at[t.name] <= age_due, t.name
@@ -166,6 +175,39 @@ def twin(b: Broker) -> Broker:
     return other
 
 
+def check_dedup(k: Any, now: int) -> None:
+    """Each digest held is in exactly one live row and one bucket entry, the one its hash
+    picks; ``n`` counts them."""
+    held = [bytes(blob[i : i + 16]) for exp, _, blob in k.heap for i in range(0, len(blob), 16)]
+    assert all(exp > now for exp, _, _ in k.heap), "a due row is gone"
+    assert len(held) == len(set(held)) == k.n == sum(len(b) for b in k.buckets) // ENTRY
+    assert all(len(b) % ENTRY == 0 for b in k.buckets)
+    for j, b in enumerate(k.buckets):
+        for i in range(0, len(b), ENTRY):
+            assert hash(bytes(b[i : i + 16])) & k.mask == j
+    assert set(held) == {bytes(b[i : i + 16]) for b in k.buckets for i in range(0, len(b), ENTRY)}
+
+
+def legacy_dedup(rows: Any) -> list[Any]:
+    """v8 dedup rows ``[exp, digests, seqs bytes]`` as v3-v7 ones ``[exp, keys, seqs]``
+    (keys a Harness published)."""
+    out = []
+    for exp, blob, raw in rows:
+        keys = [KEYS[blob[i : i + 16]] for i in range(0, len(blob), 16)]
+        seqs = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw), 8)]
+        out.append([exp, keys, seqs])
+    return out
+
+
+def v7_snapshot(b: Broker) -> bytes:
+    """``b``'s snapshot as v7 wrote it: idempotency keys, not digests."""
+    obj = msgpack.unpackb(b.snapshot(), raw=False, strict_map_key=False)
+    obj[0] = 7
+    for row in obj[3]:
+        row[9] = legacy_dedup(row[9])
+    return msgpack.packb(obj, use_bin_type=True)
+
+
 def legacy_snapshot(b: Broker, version: int) -> bytes:
     """``b``'s state in the layout of snapshot ``version`` (3-6): messages with their
     payloads, as nodes before the segment store wrote them."""
@@ -206,7 +248,19 @@ def legacy_snapshot(b: Broker, version: int) -> bytes:
         if version < 5:
             groups = [g[:11] for g in groups]
         rows.append(
-            [name, config, created_at, next_seq, dump[0], msgs, refs, dedup, tc, groups, delays]
+            [
+                name,
+                config,
+                created_at,
+                next_seq,
+                dump[0],
+                msgs,
+                refs,
+                legacy_dedup(dedup),
+                tc,
+                groups,
+                delays,
+            ]
         )
     head: list[Any] = [version, now, applied, rows]
     if version >= 4:

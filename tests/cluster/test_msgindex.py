@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
 from raftq.cluster import msgindex
-from raftq.cluster.msgindex import GONE, DedupKeys, DigestTable, MsgIndex, key_digest
+from raftq.cluster.msgindex import GONE, MsgIndex
 from raftq.cluster.segstore import SegmentStore
 from raftq.cluster.storage import OsDisk, StorageCorrupt
 
@@ -155,40 +154,6 @@ def test_restore_refuses_a_retained_message_without_a_record(tmp_path: Path) -> 
     cols = list(s.columns("t.1"))
     with pytest.raises(StorageCorrupt, match="has no record"):
         MsgIndex.restore(dumped, cols[1:])
-
-
-def test_dedup_keys_answer_expire_by_row_and_round_trip() -> None:
-    k = DedupKeys()
-    k.add(AT + 100, [("a", 1), ("b", 2)])
-    k.add(AT + 50, [("c", 3)])
-    assert (k.get("a"), k.get("c"), k.get("zz")) == (1, 3, None)
-    assert k.next_expiry() == AT + 50
-    again = DedupKeys.restore(k.dump())
-    assert again.dump() == k.dump() and [again.get(x) for x in "abcz"] == [1, 2, 3, None]
-    assert k.expire(AT + 50) == 1 and k.get("c") is None and k.get("a") == 1
-    assert k.expire(AT + 100) == 2 and len(k) == 0 and k.next_expiry() is None
-    old = DedupKeys.from_keys([(AT + 100, ["a", "b"], [1, 2]), (AT + 50, ["c"], [3])])
-    assert old.dump() == again.dump(), "a v4 snapshot's keys convert to the same rows"
-    assert len(key_digest("any key")) == 16
-
-
-def test_the_digest_table_agrees_with_a_dict_through_inserts_deletes_and_resizes() -> None:
-    rnd = random.Random(5)
-    t, model = DigestTable(), {}
-    keys = [key_digest(str(i)) for i in range(3000)]
-    for step in range(20000):
-        d = keys[rnd.randrange(len(keys))]
-        if rnd.random() < 0.55:
-            t.put(d, step)
-            model[d] = step
-        else:
-            assert t.pop(d) == model.pop(d, None)
-        if step % 997 == 0:
-            assert all(t.get(k) == model.get(k) for k in keys)
-    assert len(t) == len(model) and all(t.get(k) == model.get(k) for k in keys)
-    while model:  # shrinks as it empties
-        assert t.pop(model.popitem()[0]) is not None
-    assert len(t) == 0 and t.cap == 16
 
 
 def test_extend_is_the_appends_of_one_publish() -> None:

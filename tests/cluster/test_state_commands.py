@@ -8,6 +8,7 @@ import pytest
 from state_harness import Harness, legacy_snapshot, state_of  # type: ignore[import-not-found]
 
 from raftq.cluster import errors as E
+from raftq.cluster.dedup import key_digest
 from raftq.cluster.state import Broker
 
 # ---------------------------------------------------------------- topics
@@ -400,14 +401,14 @@ def test_a_shortened_dedup_window_expires_newer_keys_before_older_ones(h: Harnes
 
 
 def test_keys_of_one_publish_expire_together_as_one_entry(h: Harness) -> None:
-    # Memory per keyed message is a dict slot: a batch adds one expiry entry, not one per key.
+    # Memory per keyed message is a table entry: a batch adds one expiry row, not one per key.
     h.topic("t")
     h("publish", topic="t", messages=[{"payload": b"x", "key": f"k{i}"} for i in range(250)])
     t = h.b.topics["t"]
-    assert len(t.dedup) == 250 and len(t.dedup_heap) == 1
+    assert len(t.dedup) == 250 and len(t.dedup.heap) == 1
     h.advance(120)
     h("tick")
-    assert not t.dedup and not t.dedup_heap
+    assert not len(t.dedup) and not t.dedup.heap
 
 
 def test_zero_dedup_window_disables_dedup(h: Harness) -> None:
@@ -1214,7 +1215,9 @@ def test_a_version_2_snapshot_with_one_dedup_row_per_key_still_restores(h: Harne
         t[7] = [[k, s, exp] for exp, keys, seqs in t[7] for k, s in zip(keys, seqs, strict=True)]
     old = Broker()
     old.restore(msgpack.packb([2, now, applied, topics], use_bin_type=True))
-    assert old.topics["t"].dedup == h.b.topics["t"].dedup == {"k1": 1, "k2": 3, "k3": 4}
+    for b in (old, h.b):
+        got = [b.topics["t"].dedup.get(key_digest(k)) for k in ("k1", "k2", "k3", "k4")]
+        assert got == [1, 3, 4, None] and len(b.topics["t"].dedup) == 3
     assert state_of(old) == state_of(h.b)  # (converted: same state, maybe another layout)
     again = [{"payload": b"x", "key": k} for k in ("k1", "k3")]
     for b in (h.b, old):

@@ -1,4 +1,4 @@
-"""Compact per-message metadata of a topic, and its idempotency keys (issue 22).
+"""Compact per-message metadata of a topic (issue 22).
 
 ``MsgIndex`` replaces ``Topic.msgs`` / ``Topic.refs`` (a tuple and a list slot per message):
 packed ``array`` columns indexed by ``seq - first_seq``, 16 bytes a message (its record in
@@ -12,22 +12,17 @@ A snapshot carries only ``refs`` (compressed: runs of equal counts are the commo
 restore rebuilds the other columns from the store's ``columns`` (sidecars), which describe
 every message of the live segments.
 
-``DedupKeys`` keeps the idempotency keys of a dedup window as 16-byte blake2b digests (a
-collision among 2^64 keys is as likely as not; a window holds millions at most) in a packed
-open-addressing table (``DigestTable``), with one expiry heap row per publish command, as the
-state machine does today.
+A topic's idempotency keys are in ``Topic.dedup`` (``dedup.DedupKeys``).
 
 Deterministic: nothing here reads a clock, randomness or a file; dicts keep insertion order.
 """
 
 from __future__ import annotations
 
-import hashlib
-import heapq
 import sys
 import zlib
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from raftq.cluster.segstore import Columns
@@ -297,177 +292,3 @@ class MsgIndex:
                 rloc.append(base | c.offset[i])
                 rat.append(c.at[i])
                 self.length[p], self.size[p] = c.length[i], c.size[i]
-
-
-def key_digest(key: str) -> bytes:
-    return hashlib.blake2b(key.encode(), digest_size=16).digest()
-
-
-_EMPTY, _TOMB = 0, (1 << 64) - 1  # a slot's seq field: free, deleted; else seq + 1
-_MASK64 = (1 << 64) - 1
-
-
-class DigestTable:
-    """16-byte digest -> seq, linear probing over one ``array('Q')`` (3 words a slot, 37-75 %
-    full): 32-64 B a key where a dict of bytes keys costs ~130. Hand-written because
-    no maintained PyPI package offers a compact fixed-width-key map without numpy.
-    Deterministic: slots depend only on the order of inserts and deletes."""
-
-    __slots__ = ("cap", "slots", "tombs", "used")
-
-    def __init__(self, cap: int = 16) -> None:
-        self.cap = cap  # a power of two
-        self.slots = array("Q", bytes(24 * cap))
-        self.used = 0
-        self.tombs = 0
-
-    def __len__(self) -> int:
-        return self.used
-
-    def _find(self, d: bytes) -> tuple[int, int, int]:
-        """(slot of d or -1, a free slot to insert at, its probe start)."""
-        x = int.from_bytes(d, "little")
-        hi, lo = x >> 64, x & _MASK64
-        t, mask = self.slots, self.cap - 1
-        i, free = lo & mask, -1
-        while True:
-            state = t[3 * i + 2]
-            if state == _EMPTY:
-                return -1, (i if free < 0 else free), hi
-            if state == _TOMB:
-                if free < 0:
-                    free = i
-            elif t[3 * i + 1] == lo and t[3 * i] == hi:
-                return i, free, hi
-            i = (i + 1) & mask
-
-    def get(self, d: bytes) -> int | None:
-        i = self._find(d)[0]
-        return None if i < 0 else self.slots[3 * i + 2] - 1
-
-    def put(self, d: bytes, seq: int) -> None:
-        i, free, hi = self._find(d)
-        if i >= 0:
-            self.slots[3 * i + 2] = seq + 1
-            return
-        t = self.slots
-        if t[3 * free + 2] == _TOMB:
-            self.tombs -= 1
-        t[3 * free] = hi
-        t[3 * free + 1] = int.from_bytes(d, "little") & _MASK64
-        t[3 * free + 2] = seq + 1
-        self.used += 1
-        if 4 * (self.used + self.tombs) > 3 * self.cap:
-            self._resize()
-
-    def pop(self, d: bytes) -> int | None:
-        i = self._find(d)[0]
-        if i < 0:
-            return None
-        seq = self.slots[3 * i + 2] - 1
-        self.slots[3 * i + 2] = _TOMB
-        self.used -= 1
-        self.tombs += 1
-        if self.cap > 16 and 10 * self.used < self.cap:
-            self._resize()
-        return seq
-
-    def _resize(self) -> None:
-        cap = 16
-        while cap < 2 * self.used:  # at most half full after a resize
-            cap *= 2
-        old = self.slots
-        self.cap, self.slots, self.used, self.tombs = cap, array("Q", bytes(24 * cap)), 0, 0
-        for j in range(0, len(old), 3):
-            state = old[j + 2]
-            if state != _EMPTY and state != _TOMB:
-                d = (old[j] << 64 | old[j + 1]).to_bytes(16, "little")
-                self.put(d, state - 1)
-
-    def nbytes(self) -> int:
-        return len(self.slots) * 8
-
-
-class DedupKeys:
-    """Idempotency key digests of a topic within its dedup window -> the seq they published.
-
-    Rows ``(expires_at, first seq, digests)`` expire whole, one per publish command (the
-    digests of a batch joined in one bytes object, 16 B a key)."""
-
-    __slots__ = ("heap", "table")
-
-    def __init__(self) -> None:
-        self.table = DigestTable()
-        self.heap: list[tuple[int, int, bytes]] = []
-
-    def __len__(self) -> int:
-        return len(self.table)
-
-    def get(self, key: str) -> int | None:
-        return self.table.get(key_digest(key))
-
-    def add(self, expires_at: int, keyed: Iterable[tuple[str, int]]) -> None:
-        """The keys of one publish command, with their seqs (first seq first)."""
-        digests: list[bytes] = []
-        first = 0
-        for key, seq in keyed:
-            d = key_digest(key)
-            self.table.put(d, seq)
-            if not digests:
-                first = seq
-            digests.append(d)
-        if digests:
-            heapq.heappush(self.heap, (expires_at, first, b"".join(digests)))
-
-    def next_expiry(self) -> int | None:
-        return self.heap[0][0] if self.heap else None
-
-    def expire(self, now: int) -> int:
-        """Drop the rows due at ``now``; returns how many keys left."""
-        q, n = self.heap, 0
-        while q and q[0][0] <= now:
-            _, _, blob = heapq.heappop(q)
-            for d in _split(blob):
-                if self.table.pop(d) is not None:
-                    n += 1
-        return n
-
-    def dump(self) -> list[list[Any]]:
-        """Rows in expiry order: [expires_at, digests, seqs (little-endian int64 bytes)]."""
-        out = []
-        for exp, _, blob in sorted(self.heap):
-            seqs = array("q", [self.table.get(d) or 0 for d in _split(blob)])
-            if sys.byteorder != "little":
-                seqs.byteswap()
-            out.append([exp, blob, seqs.tobytes()])
-        return out
-
-    @classmethod
-    def restore(cls, rows: Iterable[list[Any]]) -> DedupKeys:
-        k = cls()
-        for exp, blob, raw in rows:
-            seqs = array("q")
-            seqs.frombytes(raw)
-            if sys.byteorder != "little":
-                seqs.byteswap()
-            ds = list(_split(blob))
-            if len(ds) != len(seqs) or not ds:
-                raise ValueError("dedup row: digests and seqs differ in number")
-            for d, seq in zip(ds, seqs, strict=True):
-                k.table.put(d, seq)
-            k.heap.append((exp, seqs[0], blob))
-        heapq.heapify(k.heap)
-        return k
-
-    @classmethod
-    def from_keys(cls, rows: Iterable[tuple[int, list[str], list[int]]]) -> DedupKeys:
-        """From a v4 snapshot's rows (expires_at, keys, seqs): the upgrade path."""
-        k = cls()
-        for exp, keys, seqs in rows:
-            k.add(exp, zip(keys, seqs, strict=True))
-        return k
-
-
-def _split(blob: bytes) -> Iterator[bytes]:
-    for i in range(0, len(blob), 16):
-        yield blob[i : i + 16]

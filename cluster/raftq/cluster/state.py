@@ -61,6 +61,7 @@ from typing import Any
 import msgpack
 
 from raftq.cluster import validate as v
+from raftq.cluster.dedup import DedupKeys
 from raftq.cluster.errors import (
     BrokerError,
     GroupExists,
@@ -88,9 +89,12 @@ from raftq.cluster.storage import StorageError
 # of them is in the state (else 3 or 4); 6: cluster settings (max_retained_bytes), written only
 # while one is set (else 3, 4 or 5); 7: payloads in the segment store (issue 22): per topic its
 # stream key, index dump, ordering keys, count and bytes instead of the messages, plus the
-# store's marks and ``next_stream``; always written (v2-v6 are read and converted).
-SNAPSHOT_VERSION = 7
-READABLE_SNAPSHOTS = (2, 3, 4, 5, 6, 7)
+# store's marks and ``next_stream``; 8: idempotency keys as digests (per topic, dedup rows
+# ``[expires_at, 16-byte digests joined, seqs as little-endian int64 bytes]``, ``DedupKeys.dump``)
+# instead of ``[expires_at, keys, seqs]``; always written (v2-v7 are read and converted: their
+# keys are hashed, v2-v6 also their messages moved into the store).
+SNAPSHOT_VERSION = 8
+READABLE_SNAPSHOTS = (2, 3, 4, 5, 6, 7, 8)
 DEFAULT_GROUP = v.DEFAULT_GROUP
 DLQ_PREFIX = "x-raftq-dlq-"
 REDRIVE_HEADER = "x-raftq-redrives"
@@ -192,7 +196,6 @@ class Topic:
         "counters",
         "created_at",
         "dedup",
-        "dedup_heap",
         "groups",
         "index",
         "key",
@@ -221,11 +224,10 @@ class Topic:
         self.okeys: dict[int, str] = {}  # seq -> ordering key, for retained ones with a key
         self.count = 0
         self.groups: dict[str, Group] = {}
-        # Idempotency keys seen within the dedup window: key -> seq. They expire per publish
-        # command: dedup_heap holds (expires_at, first seq, keys) for each publish that added
-        # keys (a batch of 250 costs one heap entry, not 250 entries and 500 tuples).
-        self.dedup: dict[str, int] = {}
-        self.dedup_heap: list[tuple[int, int, list[str]]] = []
+        # Idempotency keys seen within the dedup window, as digests -> seq (``dedup``
+        # module: ~60 B a key, no Python object per key). They expire per publish command:
+        # one expiry row per publish (a batch of 250 costs one row, not 250).
+        self.dedup = DedupKeys()
         self.counters: dict[str, int] = dict.fromkeys(TOPIC_COUNTERS, 0)
         self.pinned: list[Group] = []  # groups whose pin is above the oldest retained seq
         # seq -> due of messages published with a delay that may not be due yet, so that a
@@ -405,21 +407,6 @@ def _is_num(s: str) -> bool:
 
 def _mac(token: bytes, seq: int, attempt: int) -> str:
     return hashlib.blake2b(b"%d:%d" % (seq, attempt), key=token, digest_size=8).hexdigest()
-
-
-def _dedup_rows(t: Topic) -> list[list[Any]]:
-    """A topic's idempotency keys as ``[expires_at, keys, seqs]`` rows, one per expiry time
-    (per key, a million keys took 1.4 s to snapshot), in expiry order: canonical, unlike the
-    heap's layout or how publishes split keys between entries (a restored replica holds one
-    entry per expiry time)."""
-    dedup = t.dedup
-    rows: list[list[Any]] = []
-    for exp, _, keys in sorted(t.dedup_heap):
-        if rows and rows[-1][0] == exp:
-            rows[-1][1] = rows[-1][1] + keys
-        else:
-            rows.append([exp, keys])
-    return [[exp, keys, [dedup[k] for k in keys]] for exp, keys in rows]
 
 
 class Broker:
@@ -606,12 +593,10 @@ class Broker:
         return any(g.delayed.get(s) == when for s in seqs)
 
     def _expire_keys(self, t: Topic, now: int) -> None:
-        q, dedup = t.dedup_heap, t.dedup
-        while q and q[0][0] <= now:
-            for key in heapq.heappop(q)[2]:  # each key held belongs to exactly one entry
-                del dedup[key]
-        if q:
-            self._dedup_expiry.note(t.name, q[0][0])
+        t.dedup.expire(now)
+        nxt = t.dedup.next_expiry()
+        if nxt is not None:
+            self._dedup_expiry.note(t.name, nxt)
 
     def _expire_messages(self, t: Topic, now: int) -> None:
         max_age = t.config["max_age"]
@@ -791,7 +776,8 @@ class Broker:
         sizes: list[int] = []
         extra: list[tuple[int, int, str | None]] = []
         keyed = False
-        batch_keys: dict[str, int] = {}
+        # this publish's new keys (their digests with a window, else the keys) -> seq
+        batch_keys: dict[Any, int] = {}
         results: list[dict[str, Any]] = []
         add_bytes = 0
         first = t.next_seq  # staged messages get first, first + 1, ... in order
@@ -818,10 +804,11 @@ class Broker:
                 hdrs = v.headers(hdrs)
             if key is not None:
                 v.string(key, "key", v.MAX_KEY_LEN)
-                prior = dedup.get(key) if window else None
-                if prior is not None:
-                    results.append({"seq": prior, "duplicate": True})
-                    continue
+                if window:  # (one digest per key, for the lookup and the insert)
+                    key, prior = dedup.lookup(key)
+                    if prior is not None:
+                        results.append({"seq": prior, "duplicate": True})
+                        continue
                 if key in batch_keys:
                     results.append({"seq": batch_keys[key], "duplicate": True})
                     continue
@@ -881,10 +868,6 @@ class Broker:
                 t.index.append(locs[0], lengths[0], sizes[0], now, ngroups)
             else:
                 t.index.extend(locs, lengths, sizes, now, ngroups)
-        # batch_keys holds exactly this publish's new keys, in order, with their seqs.
-        keys = list(batch_keys) if window and batch_keys else None
-        if keys:
-            dedup.update(batch_keys)
         for seq, delay_ms, okey in extra:
             if okey is not None:
                 t.okeys[seq] = okey
@@ -901,8 +884,8 @@ class Broker:
                     if g.kq is not None and okey is not None:
                         g.kq.setdefault(okey, []).append(seq)  # (the highest seq yet)
         t.next_seq = first + n
-        if keys:
-            heapq.heappush(t.dedup_heap, (now + window, dedup[keys[0]], keys))
+        if window and batch_keys:  # exactly this publish's new keys, in order, with their seqs
+            dedup.add(now + window, batch_keys)
             self._dedup_expiry.note(t.name, now + window)
         for g in groups:
             g.fresh += n_fresh
@@ -1722,7 +1705,7 @@ class Broker:
     # ------------------------------------------------------------------ snapshot
 
     def snapshot(self, marks: Marks | None = None) -> bytes:
-        """v7: metadata only, no payloads. ``marks``: the store's, taken by the binding
+        """v8: metadata only, no payloads. ``marks``: the store's, taken by the binding
         (``store.marks()``) under its apply lock; None takes them now.
 
         A Broker on an in-memory store (``memdisk``: no data directory) has no files another
@@ -1764,7 +1747,7 @@ class Broker:
                     sorted(t.okeys.items()),
                     t.count,
                     t.bytes,
-                    _dedup_rows(t),
+                    t.dedup.dump(),
                     [t.counters[k] for k in TOPIC_COUNTERS],
                     groups,
                     list(t.publish_delays.items()),
@@ -1813,7 +1796,7 @@ class Broker:
         return marks
 
     def restore(self, data: bytes) -> None:
-        """Replace the whole state with a snapshot's. v7: the store is cut back to the
+        """Replace the whole state with a snapshot's. v7, v8: the store is cut back to the
         snapshot's marks (``truncate_to``) and each topic's index rebuilt from it; v2-v6: the
         store is emptied and the snapshot's messages appended to it in seq order (so a
         converted node's files may differ from those of a node that applied the log: compare
@@ -1927,10 +1910,10 @@ class Broker:
                 row[0].append(k)
                 row[1].append(s)
             dedup = [(e, keys, seqs) for e, (keys, seqs) in by_exp.items()]
-        for exp, keys, seqs in dedup:
-            t.dedup.update(zip(keys, seqs, strict=True))
-            t.dedup_heap.append((exp, seqs[0], list(keys)))
-        heapq.heapify(t.dedup_heap)
+        if version >= 8:  # [expires_at, digests, seqs] rows
+            t.dedup = DedupKeys.restore(dedup)
+        else:  # [expires_at, keys, seqs]: the keys are hashed (the upgrade)
+            t.dedup = DedupKeys.from_keys(dedup)
         t.counters = dict(zip(TOPIC_COUNTERS, tc, strict=True))
         for s, due in delays:
             t.publish_delays[s] = due
@@ -1984,8 +1967,9 @@ class Broker:
                 _reorder(t, g)
         self.topics[name] = t
         self._aging.note(name, _age_due(t))
-        if t.dedup_heap:
-            self._dedup_expiry.note(name, t.dedup_heap[0][0])
+        nxt = t.dedup.next_expiry()
+        if nxt is not None:
+            self._dedup_expiry.note(name, nxt)
 
 
 def _token_view(rec: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,213 @@
+"""A topic's idempotency keys within its dedup window, compact (issue 22).
+
+A key is kept as its 16-byte blake2b digest (``key_digest``: a collision among 2^64 keys is
+as likely as not; a window holds millions at most) with the seq it published. ``DedupKeys``
+puts each as a 24-byte entry (digest, seq as 8 little-endian bytes) in one of 2^k buckets,
+chosen by ``hash(digest)``: a ``bytes`` of 2-8 entries (one allocation, 33 B of header; an
+empty one is the shared ``b""``; an insert or delete makes a new one, a copy of ~100-200 B).
+A lookup is one ``bytes.find`` (C) over a few entries, so the per-key work in Python is a
+hash, a find and a concatenation, with no Python object per key (an open-addressing table
+probed in Python, ``msgindex.DigestTable`` before, cost 8-13 % CPU cluster-wide). 47-60 B a key in
+all (``bench/dedup.py``), against ~165 B for a dict of uuid strings.
+
+Expiry is per publish command, as before: a heap of rows ``(expires_at, first seq, digests)``,
+one per publish (publishes of one entry to a topic share a row: same expiry), and expiring a
+row deletes its entries. Each digest held is in exactly one live row.
+
+Deterministic where it matters: lookups compare the full digest, so what a replica answers,
+snapshots (``dump``: rows in expiry order) and restores never depends on the bucket layout,
+which ``hash()`` (randomized per process by ``PYTHONHASHSEED``) may choose; that layout is
+also why an attacker who can pick keys cannot pile them into one bucket. Nothing here reads a
+clock, randomness or a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import sys
+from array import array
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+ENTRY = 24  # digest 16 + seq 8 (little-endian)
+GROW_AT = 8  # keys per bucket on average before the buckets double
+SHRINK_AT = 1  # ... and below which they halve (rebuilt to ~4 a bucket)
+
+_PROTO = hashlib.blake2b(digest_size=16)  # (copying it beats the constructor's arguments)
+
+
+def key_digest(key: str) -> bytes:
+    """The 16-byte blake2b digest of an idempotency key (what replicas and snapshots hold)."""
+    h = _PROTO.copy()
+    h.update(key.encode())
+    return h.digest()
+
+
+class DedupKeys:
+    """Digest -> seq for the keys of one topic's window, with their expiry rows."""
+
+    __slots__ = ("buckets", "heap", "last", "mask", "n")
+
+    def __init__(self) -> None:
+        self.buckets: list[bytes] = [b""]
+        self.mask = 0  # len(buckets) - 1, a power of two minus one
+        self.n = 0  # live keys
+        # (expires_at, first seq, digests joined), a min-heap; ``last`` is the row pushed
+        # last, which a publish with the same expiry extends.
+        self.heap: list[tuple[int, int, bytearray]] = []
+        self.last: tuple[int, int, bytearray] | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def lookup(self, key: str) -> tuple[bytes, int | None]:
+        """The digest of ``key`` and the seq it published, or None: ``key_digest`` and
+        ``get`` in one call (a publish makes one per key)."""
+        h = _PROTO.copy()
+        h.update(key.encode())
+        d = h.digest()
+        b = self.buckets[hash(d) & self.mask]
+        i = b.find(d)
+        if i < 0:
+            return d, None
+        while i % ENTRY:
+            i = b.find(d, i + 1)
+            if i < 0:
+                return d, None
+        return d, int.from_bytes(b[i + 16 : i + ENTRY], "little")
+
+    def get(self, d: bytes) -> int | None:
+        """The seq a digest published, or None."""
+        b = self.buckets[hash(d) & self.mask]
+        i = b.find(d)
+        while i > 0 and i % ENTRY:  # a match across two entries (or into a seq) is not one
+            i = b.find(d, i + 1)
+        if i < 0:
+            return None
+        return int.from_bytes(b[i + 16 : i + ENTRY], "little")
+
+    def add(self, expires_at: int, keyed: Mapping[bytes, int]) -> None:
+        """The new keys of one publish command: digests (none held yet, none twice) ->
+        their seqs, in seq order."""
+        if not keyed:
+            return
+        buckets, mask = self.buckets, self.mask
+        for d, seq in keyed.items():
+            buckets[hash(d) & mask] += d + seq.to_bytes(8, "little")
+        blob = b"".join(keyed)
+        last = self.last
+        if last is not None and last[0] == expires_at:
+            last[2].extend(blob)  # (still in the heap: it expires after now)
+        else:
+            row = (expires_at, next(iter(keyed.values())), bytearray(blob))
+            heapq.heappush(self.heap, row)
+            self.last = row
+        self.n += len(keyed)
+        if self.n > GROW_AT * (mask + 1):
+            self._rebuild()
+
+    def next_expiry(self) -> int | None:
+        return self.heap[0][0] if self.heap else None
+
+    def expire(self, now: int) -> int:
+        """Drop the rows due at ``now`` and their keys; returns how many keys left."""
+        q, n = self.heap, 0
+        buckets, mask = self.buckets, self.mask
+        while q and q[0][0] <= now:
+            row = heapq.heappop(q)
+            if row is self.last:
+                self.last = None
+            blob = bytes(row[2])
+            for j in range(0, len(blob), 16):
+                d = blob[j : j + 16]
+                b = buckets[hash(d) & mask]
+                i = b.find(d)
+                while i > 0 and i % ENTRY:
+                    i = b.find(d, i + 1)
+                if i >= 0:
+                    buckets[hash(d) & mask] = b[ENTRY:] if i == 0 else b[:i] + b[i + ENTRY :]
+                    n += 1
+        self.n -= n
+        if n and self.mask and self.n < SHRINK_AT * (self.mask + 1):
+            self._rebuild()
+        return n
+
+    def _rebuild(self) -> None:
+        """Buckets for ~4 keys each (a power of two, at least one), entries moved: depends
+        only on the count."""
+        size = 1
+        while GROW_AT * size < 2 * self.n:
+            size *= 2
+        mask = size - 1
+        new = [b""] * size
+        for raw in self.buckets:
+            for i in range(0, len(raw), ENTRY):
+                new[hash(raw[i : i + 16]) & mask] += raw[i : i + ENTRY]
+        self.buckets, self.mask = new, mask
+
+    def nbytes(self) -> int:
+        """Bytes held (objects and allocations, as ``sys.getsizeof`` counts them)."""
+        rows = sum(sys.getsizeof(r) + sys.getsizeof(r[2]) for r in self.heap)
+        return (
+            sys.getsizeof(self.buckets)
+            + sum(sys.getsizeof(b) for b in self.buckets)
+            + sys.getsizeof(self.heap)
+            + rows
+        )
+
+    # ------------------------------------------------------------ snapshot
+
+    def dump(self) -> list[list[Any]]:
+        """Rows ``[expires_at, digests, seqs (little-endian int64 bytes)]``, one per expiry
+        time, in expiry order: canonical, whatever the heap's layout or how publishes split
+        keys between rows (a restored replica holds one row per expiry time)."""
+        out: list[list[Any]] = []
+        for exp, _, blob in sorted(self.heap):
+            if out and out[-1][0] == exp:
+                out[-1][1] += blob
+            else:
+                out.append([exp, bytearray(blob)])
+        rows = []
+        for exp, blob in out:
+            ds = bytes(blob)
+            seqs = array("q", [self._seq(ds[j : j + 16]) for j in range(0, len(ds), 16)])
+            if sys.byteorder != "little":
+                seqs.byteswap()
+            rows.append([exp, ds, seqs.tobytes()])
+        return rows
+
+    def _seq(self, d: bytes) -> int:
+        seq = self.get(d)
+        assert seq is not None, "each digest of a live row is held"
+        return seq
+
+    @classmethod
+    def restore(cls, rows: Iterable[Any]) -> DedupKeys:
+        """From ``dump()`` rows (snapshot v8). ValueError on a malformed row."""
+        k = cls()
+        for exp, blob, raw in rows:
+            if len(blob) % 16 or len(raw) != len(blob) // 2 or not blob:
+                raise ValueError("dedup row: digests and seqs differ in number")
+            seqs = array("q")
+            seqs.frombytes(raw)
+            if sys.byteorder != "little":
+                seqs.byteswap()
+            ds = range(0, len(blob), 16)
+            k._load(exp, {blob[j : j + 16]: s for j, s in zip(ds, seqs, strict=True)}, len(ds))
+        return k
+
+    @classmethod
+    def from_keys(cls, rows: Iterable[tuple[int, Iterable[str], Iterable[int]]]) -> DedupKeys:
+        """From the rows ``(expires_at, keys, seqs)`` of a v3-v7 snapshot: the upgrade."""
+        k = cls()
+        for exp, keys, seqs in rows:
+            pairs = list(zip(keys, seqs, strict=True))
+            k._load(exp, {key_digest(s): q for s, q in pairs}, len(pairs))
+        return k
+
+    def _load(self, exp: int, keyed: dict[bytes, int], n: int) -> None:
+        if len(keyed) != n or any(self.get(d) is not None for d in keyed):
+            raise ValueError("dedup rows: a key held twice")
+        self.last = None  # (rows of a snapshot are never extended)
+        self.add(exp, keyed)
