@@ -189,12 +189,15 @@ def check_dedup(k: Any, now: int) -> None:
 
 
 def legacy_dedup(rows: Any) -> list[Any]:
-    """v8 dedup rows ``[exp, digests, seqs bytes]`` as v3-v7 ones ``[exp, keys, seqs]``
+    """v8 dedup rows ``[exp, digests, seqs bytes or first seq]`` as v3-v7 ones ``[exp, keys, seqs]``
     (keys a Harness published)."""
     out = []
     for exp, blob, raw in rows:
         keys = [KEYS[blob[i : i + 16]] for i in range(0, len(blob), 16)]
-        seqs = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw), 8)]
+        if isinstance(raw, int):  # the first of consecutive seqs
+            seqs = list(range(raw, raw + len(keys)))
+        else:
+            seqs = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw), 8)]
         out.append([exp, keys, seqs])
     return out
 

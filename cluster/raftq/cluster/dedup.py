@@ -27,7 +27,7 @@ import hashlib
 import heapq
 import sys
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 ENTRY = 24  # digest 16 + seq 8 (little-endian)
@@ -159,9 +159,11 @@ class DedupKeys:
     # ------------------------------------------------------------ snapshot
 
     def dump(self) -> list[list[Any]]:
-        """Rows ``[expires_at, digests, seqs (little-endian int64 bytes)]``, one per expiry
-        time, in expiry order: canonical, whatever the heap's layout or how publishes split
-        keys between rows (a restored replica holds one row per expiry time)."""
+        """Rows ``[expires_at, digests, seqs]``, one per expiry time, in expiry order:
+        canonical, whatever the heap's layout or how publishes split keys between rows (a
+        restored replica holds one row per expiry time). ``seqs`` is the first seq when they
+        are consecutive (a row is the keys of one entry's publishes: the common case, 16 B a
+        key in all), else little-endian int64 bytes (24 B a key)."""
         out: list[list[Any]] = []
         for exp, _, blob in sorted(self.heap):
             if out and out[-1][0] == exp:
@@ -172,6 +174,9 @@ class DedupKeys:
         for exp, blob in out:
             ds = bytes(blob)
             seqs = array("q", [self._seq(ds[j : j + 16]) for j in range(0, len(ds), 16)])
+            if seqs == array("q", range(seqs[0], seqs[0] + len(seqs))):
+                rows.append([exp, ds, seqs[0]])
+                continue
             if sys.byteorder != "little":
                 seqs.byteswap()
             rows.append([exp, ds, seqs.tobytes()])
@@ -187,12 +192,18 @@ class DedupKeys:
         """From ``dump()`` rows (snapshot v8). ValueError on a malformed row."""
         k = cls()
         for exp, blob, raw in rows:
-            if len(blob) % 16 or len(raw) != len(blob) // 2 or not blob:
+            if len(blob) % 16 or not blob:
+                raise ValueError("dedup row: digests are 16 bytes each")
+            seqs: Sequence[int]
+            if type(raw) is int:  # the first of consecutive seqs
+                seqs = range(raw, raw + len(blob) // 16)
+            elif len(raw) != len(blob) // 2:
                 raise ValueError("dedup row: digests and seqs differ in number")
-            seqs = array("q")
-            seqs.frombytes(raw)
-            if sys.byteorder != "little":
-                seqs.byteswap()
+            else:
+                seqs = array("q")
+                seqs.frombytes(raw)
+                if sys.byteorder != "little":
+                    seqs.byteswap()
             ds = range(0, len(blob), 16)
             k._load(exp, {blob[j : j + 16]: s for j, s in zip(ds, seqs, strict=True)}, len(ds))
         return k
