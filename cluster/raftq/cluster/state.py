@@ -90,7 +90,8 @@ from raftq.cluster.storage import StorageError
 # while one is set (else 3, 4 or 5); 7: payloads in the segment store (issue 22): per topic its
 # stream key, index dump, ordering keys, count and bytes instead of the messages, plus the
 # store's marks and ``next_stream``; 8: idempotency keys as digests (per topic, dedup rows
-# ``[expires_at, 16-byte digests joined, seqs as little-endian int64 bytes]``, ``DedupKeys.dump``)
+# ``[expires_at, 16-byte digests joined, seqs]``, ``DedupKeys.dump``: the first seq when they
+# are consecutive, else little-endian int64 bytes)
 # instead of ``[expires_at, keys, seqs]``; always written (v2-v7 are read and converted: their
 # keys are hashed, v2-v6 also their messages moved into the store).
 SNAPSHOT_VERSION = 8
