@@ -25,16 +25,18 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import struct
 import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 ENTRY = 24  # digest 16 + seq 8 (little-endian)
-GROW_AT = 8  # keys per bucket on average before the buckets double
-SHRINK_AT = 1  # ... and below which they halve (rebuilt to ~4 a bucket)
+GROW_AT = 8  # keys per bucket on average above which the buckets are rebuilt for 2-4
+SHRINK_AT = 1  # ... and below which, too
 
 _PROTO = hashlib.blake2b(digest_size=16)  # (copying it beats the constructor's arguments)
+_entry = struct.Struct("<16sq").pack  # digest, seq: an entry (one call, one object)
 
 
 def key_digest(key: str) -> bytes:
@@ -94,7 +96,7 @@ class DedupKeys:
             return
         buckets, mask = self.buckets, self.mask
         for d, seq in keyed.items():
-            buckets[hash(d) & mask] += d + seq.to_bytes(8, "little")
+            buckets[hash(d) & mask] += _entry(d, seq)
         blob = b"".join(keyed)
         last = self.last
         if last is not None and last[0] == expires_at:
@@ -134,8 +136,8 @@ class DedupKeys:
         return n
 
     def _rebuild(self) -> None:
-        """Buckets for ~4 keys each (a power of two, at least one), entries moved: depends
-        only on the count."""
+        """Buckets for 2-4 keys each (the least power of two at least n/4: growing past 8
+        a bucket quadruples them), entries moved; depends only on the count."""
         size = 1
         while GROW_AT * size < 2 * self.n:
             size *= 2
@@ -171,21 +173,27 @@ class DedupKeys:
             else:
                 out.append([exp, bytearray(blob)])
         rows = []
+        buckets, mask = self.buckets, self.mask
         for exp, blob in out:
             ds = bytes(blob)
-            seqs = array("q", [self._seq(ds[j : j + 16]) for j in range(0, len(ds), 16)])
-            if seqs == array("q", range(seqs[0], seqs[0] + len(seqs))):
-                rows.append([exp, ds, seqs[0]])
-                continue
+            seqs = bytearray()
+            for j in range(0, len(ds), 16):  # (``get`` inline, with the seq's bytes as they are)
+                d = ds[j : j + 16]
+                b = buckets[hash(d) & mask]
+                i = b.find(d)
+                while i > 0 and i % ENTRY:
+                    i = b.find(d, i + 1)
+                if i < 0:
+                    raise AssertionError("each digest of a live row is held")
+                seqs += b[i + 16 : i + ENTRY]
+            got = array("q", bytes(seqs))
             if sys.byteorder != "little":
-                seqs.byteswap()
-            rows.append([exp, ds, seqs.tobytes()])
+                got.byteswap()
+            if got == array("q", range(got[0], got[0] + len(got))):
+                rows.append([exp, ds, got[0]])  # consecutive: the first
+            else:
+                rows.append([exp, ds, bytes(seqs)])
         return rows
-
-    def _seq(self, d: bytes) -> int:
-        seq = self.get(d)
-        assert seq is not None, "each digest of a live row is held"
-        return seq
 
     @classmethod
     def restore(cls, rows: Iterable[Any]) -> DedupKeys:
