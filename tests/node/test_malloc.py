@@ -1,11 +1,10 @@
-"""The node's allocator setting (node/raftq/node/malloc.py)."""
+"""The node's heap trimming (node/raftq/node/malloc.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import platform
-import subprocess
-import sys
 
 import pytest
 
@@ -13,23 +12,36 @@ from raftq.node import malloc
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
-def test_the_mmap_threshold_is_fixed_unless_the_environment_sets_one() -> None:
-    # In a child: the setting is process-wide and stays for the rest of the process.
-    code = "from raftq.node.malloc import fix_mmap_threshold as f; print(f())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={"PATH": ""})  # fmt: skip
-    assert out.stdout.strip() == "True"
-    env = {"PATH": "", "MALLOC_MMAP_THRESHOLD_": "262144"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env=env)  # fmt: skip
-    assert out.stdout.strip() == "False", "the operator's own setting wins"
+def test_trim_runs_every_period_until_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = malloc._malloc_trim()
+    assert real is not None and real(0) in (0, 1)
+    calls: list[int] = []
+
+    async def main() -> None:
+        third = asyncio.Event()
+
+        def trim(pad: int) -> int:
+            calls.append(pad)
+            if len(calls) == 3:
+                third.set()
+            return 1
+
+        monkeypatch.setattr(malloc, "_malloc_trim", lambda: trim)
+        task = asyncio.create_task(malloc.trim_forever(0.001))
+        await asyncio.wait_for(third.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert calls[:3] == [0, 0, 0]
 
 
-def test_without_mallopt_it_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_malloc_trim_it_returns_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     class NoLibc:
         def __init__(self, name: object) -> None:
             raise OSError("no such library")
 
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     monkeypatch.setattr(ctypes, "CDLL", NoLibc)
-    assert malloc.fix_mmap_threshold() is False
+    assert malloc._malloc_trim() is None
+    asyncio.run(asyncio.wait_for(malloc.trim_forever(0.001), 5))

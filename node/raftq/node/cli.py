@@ -398,9 +398,6 @@ def _run_node(args: argparse.Namespace) -> int:
         force_new_cluster=args.force_new_cluster,
         min_free_disk=min_free_disk,
     )
-    from raftq.node.malloc import fix_mmap_threshold
-
-    fix_mmap_threshold()
     return asyncio.run(serve(opts))
 
 

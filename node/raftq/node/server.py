@@ -30,6 +30,7 @@ from raftq.node.commands import host_port
 from raftq.node.diskguard import DEFAULT_MIN_FREE, Reserve, parse_reserve
 from raftq.node.httplimits import ApiProtocols, ApiSite, HttpLimits
 from raftq.node.httpsite import HttpsSite
+from raftq.node.malloc import trim_forever
 from raftq.node.raftapi import ForceRefused, Raft
 from raftq.node.sqs.credentials import node_key as sqs_node_key
 from raftq.node.sqs.listener import build_sqs_app
@@ -267,7 +268,9 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     if tls is not None:
         loop.add_signal_handler(signal.SIGHUP, reload_tls, opts.node_id, tls)
+    trimmer = asyncio.create_task(trim_forever())  # (malloc.py: RSS follows what is held)
     await stop.wait()
+    trimmer.cancel()
     log.info("node %s: shutting down", opts.node_id)
     code = 0 if await _shutdown(runners, raft, opts.shutdown_timeout) else 1
     if failed:
