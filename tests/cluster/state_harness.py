@@ -177,9 +177,14 @@ def twin(b: Broker) -> Broker:
 
 def check_dedup(k: Any, now: int) -> None:
     """Each digest held is in exactly one live row and one bucket entry, the one its hash
-    picks; ``n`` counts them."""
-    held = [bytes(blob[i : i + 16]) for exp, _, blob in k.heap for i in range(0, len(blob), 16)]
-    assert all(exp > now for exp, _, _ in k.heap), "a due row is gone"
+    picks, with the seq its row says; ``n`` counts them."""
+    held = [bytes(r[2][i : i + 16]) for r in k.heap for i in range(0, len(r[2]), 16)]
+    assert all(r[0] > now for r in k.heap), "a due row is gone"
+    for _, first, blob, seqs in k.heap:
+        n = len(blob) // 16
+        want = list(range(first, first + n)) if seqs is None else list(seqs)
+        assert len(want) == n and want[0] == first
+        assert [k.get(bytes(blob[i * 16 : i * 16 + 16])) for i in range(n)] == want
     assert len(held) == len(set(held)) == k.n == sum(len(b) for b in k.buckets) // ENTRY
     assert all(len(b) % ENTRY == 0 for b in k.buckets)
     for j, b in enumerate(k.buckets):

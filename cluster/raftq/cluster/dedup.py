@@ -10,7 +10,9 @@ hash, a find and a concatenation, with no Python object per key (an open-address
 probed in Python, ``msgindex.DigestTable`` before, cost 8-13 % CPU cluster-wide). 47-60 B a key in
 all (``bench/dedup.py``), against ~165 B for a dict of uuid strings.
 
-Expiry is per publish command, as before: a heap of rows ``(expires_at, first seq, digests)``,
+Expiry is per publish command, as before: a heap of rows ``[expires_at, first seq, digests,
+seqs]`` (``seqs`` None when they are consecutive from the first, the common case, else an
+``array``: a snapshot then needs no lookup a key),
 one per publish (publishes of one entry to a topic share a row: same expiry), and expiring a
 row deletes its entries. Each digest held is in exactly one live row.
 
@@ -39,6 +41,31 @@ _PROTO = hashlib.blake2b(digest_size=16)  # (copying it beats the constructor's 
 _entry = struct.Struct("<16sq").pack  # digest, seq: an entry (one call, one object)
 
 
+Row = list[Any]  # [expires_at, first seq, digests, seqs: array("q") or None]
+
+
+def _row_order(row: Row) -> tuple[int, int]:
+    return row[0], row[1]
+
+
+def _consecutive(parts: list[Sequence[int]]) -> int | None:
+    """The first seq when the parts' seqs are consecutive, each part starting where the last
+    stopped (whatever the parts are: the snapshot's form depends only on the seqs)."""
+    first = stop = None
+    for p in parts:
+        if not p:
+            continue
+        start = p[0]
+        if (stop is not None and start != stop) or not (
+            isinstance(p, range) or p == array("q", range(start, start + len(p)))
+        ):
+            return None
+        if first is None:
+            first = start
+        stop = start + len(p)
+    return first
+
+
 def key_digest(key: str) -> bytes:
     """The 16-byte blake2b digest of an idempotency key (what replicas and snapshots hold)."""
     h = _PROTO.copy()
@@ -55,10 +82,11 @@ class DedupKeys:
         self.buckets: list[bytes] = [b""]
         self.mask = 0  # len(buckets) - 1, a power of two minus one
         self.n = 0  # live keys
-        # (expires_at, first seq, digests joined), a min-heap; ``last`` is the row pushed
-        # last, which a publish with the same expiry extends.
-        self.heap: list[tuple[int, int, bytearray]] = []
-        self.last: tuple[int, int, bytearray] | None = None
+        # [expires_at, first seq, digests joined, seqs or None: consecutive from the first],
+        # a min-heap; ``last`` is the row pushed last, which a publish with the same expiry
+        # extends.
+        self.heap: list[Row] = []
+        self.last: Row | None = None
 
     def __len__(self) -> int:
         return self.n
@@ -98,11 +126,24 @@ class DedupKeys:
         for d, seq in keyed.items():
             buckets[hash(d) & mask] += _entry(d, seq)
         blob = b"".join(keyed)
+        vals = list(keyed.values())
+        together = vals[-1] - vals[0] == len(vals) - 1  # (increasing: consecutive)
         last = self.last
-        if last is not None and last[0] == expires_at:
-            last[2].extend(blob)  # (still in the heap: it expires after now)
+        if last is not None and last[0] == expires_at:  # (still in the heap: expires later)
+            held = len(last[2]) // 16
+            seqs = last[3]
+            if seqs is None and not (together and vals[0] == last[1] + held):
+                seqs = last[3] = array("q", range(last[1], last[1] + held))
+            if seqs is not None:
+                seqs.extend(vals)
+            last[2].extend(blob)
         else:
-            row = (expires_at, next(iter(keyed.values())), bytearray(blob))
+            row: Row = [
+                expires_at,
+                vals[0],
+                bytearray(blob),
+                None if together else array("q", vals),
+            ]
             heapq.heappush(self.heap, row)
             self.last = row
         self.n += len(keyed)
@@ -150,7 +191,10 @@ class DedupKeys:
 
     def nbytes(self) -> int:
         """Bytes held (objects and allocations, as ``sys.getsizeof`` counts them)."""
-        rows = sum(sys.getsizeof(r) + sys.getsizeof(r[2]) for r in self.heap)
+        rows = sum(
+            sys.getsizeof(r) + sys.getsizeof(r[2]) + (sys.getsizeof(r[3]) if r[3] else 0)
+            for r in self.heap
+        )
         return (
             sys.getsizeof(self.buckets)
             + sum(sys.getsizeof(b) for b in self.buckets)
@@ -166,33 +210,26 @@ class DedupKeys:
         restored replica holds one row per expiry time). ``seqs`` is the first seq when they
         are consecutive (a row is the keys of one entry's publishes: the common case, 16 B a
         key in all), else little-endian int64 bytes (24 B a key)."""
-        out: list[list[Any]] = []
-        for exp, _, blob in sorted(self.heap):
-            if out and out[-1][0] == exp:
-                out[-1][1] += blob
+        merged: list[tuple[int, bytearray, list[Sequence[int]]]] = []
+        for exp, first, blob, seqs in sorted(self.heap, key=_row_order):
+            part = range(first, first + len(blob) // 16) if seqs is None else seqs
+            if merged and merged[-1][0] == exp:
+                merged[-1][1].extend(blob)
+                merged[-1][2].append(part)
             else:
-                out.append([exp, bytearray(blob)])
-        rows = []
-        buckets, mask = self.buckets, self.mask
-        for exp, blob in out:
-            ds = bytes(blob)
-            seqs = bytearray()
-            for j in range(0, len(ds), 16):  # (``get`` inline, with the seq's bytes as they are)
-                d = ds[j : j + 16]
-                b = buckets[hash(d) & mask]
-                i = b.find(d)
-                while i > 0 and i % ENTRY:
-                    i = b.find(d, i + 1)
-                if i < 0:
-                    raise AssertionError("each digest of a live row is held")
-                seqs += b[i + 16 : i + ENTRY]
-            got = array("q", bytes(seqs))
+                merged.append((exp, bytearray(blob), [part]))
+        rows: list[list[Any]] = []
+        for exp, blob, parts in merged:
+            first = _consecutive(parts)
+            if first is not None:
+                rows.append([exp, bytes(blob), first])
+                continue
+            got = array("q")
+            for p in parts:
+                got.extend(p if type(p) is array else array("q", p))
             if sys.byteorder != "little":
                 got.byteswap()
-            if got == array("q", range(got[0], got[0] + len(got))):
-                rows.append([exp, ds, got[0]])  # consecutive: the first
-            else:
-                rows.append([exp, ds, bytes(seqs)])
+            rows.append([exp, bytes(blob), got.tobytes()])
         return rows
 
     @classmethod
@@ -220,7 +257,7 @@ class DedupKeys:
         """From the rows ``(expires_at, keys, seqs)`` of a v3-v7 snapshot: the upgrade."""
         loaded: list[tuple[int, bytes, Sequence[int]]] = []
         for exp, keys, seqs in rows:
-            keys, seqs = list(keys), list(seqs)
+            keys, seqs = list(keys), array("q", seqs)
             if len(keys) != len(seqs):
                 raise ValueError("dedup row: keys and seqs differ in number")
             if keys:
@@ -251,6 +288,7 @@ class DedupKeys:
                     if i >= 0:
                         raise ValueError("dedup rows: a key held twice")
                 buckets[h] = b + _entry(d, seq)
-            k.heap.append((exp, seqs[0], bytearray(blob)))
+            together = _consecutive([seqs]) is not None
+            k.heap.append([exp, seqs[0], bytearray(blob), None if together else array("q", seqs)])
         heapq.heapify(k.heap)
         return k
