@@ -8,7 +8,8 @@ with ``bench/backlog.py --loads 10000000x100 --topics 1 --dedup-window 5`` (3 no
 peak RSS of the largest node): 510 MB by default. A fixed 128 KiB threshold
 (``MALLOC_MMAP_THRESHOLD_=131072``) gave 362 MB but cost 40 % of the 1 KiB pipelined and batch
 publish rates in a paired A/B (a mapping, page faults and zeroing for every big block);
-``malloc_trim(0)`` every few seconds releases the free pages inside the heaps instead, and
+``malloc_trim(0)`` every few seconds releases the free pages inside the heaps instead (290 MB
+in the same run, with the idempotency keys compact as well: 284 with the fixed threshold), and
 leaves allocation as it was.
 """
 
