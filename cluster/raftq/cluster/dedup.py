@@ -164,12 +164,13 @@ class DedupKeys:
             blob = bytes(row[2])
             for j in range(0, len(blob), 16):
                 d = blob[j : j + 16]
-                b = buckets[hash(d) & mask]
+                h = hash(d) & mask
+                b = buckets[h]
                 i = b.find(d)
                 while i > 0 and i % ENTRY:
                     i = b.find(d, i + 1)
                 if i >= 0:
-                    buckets[hash(d) & mask] = b[ENTRY:] if i == 0 else b[:i] + b[i + ENTRY :]
+                    buckets[h] = b[ENTRY:] if i == 0 else b[:i] + b[i + ENTRY :]
                     n += 1
         self.n -= n
         if n and self.mask and self.n < SHRINK_AT * (self.mask + 1):

@@ -76,11 +76,6 @@ class MsgIndex:
         r = self.rec[i] - self.rbase
         return self.rloc[r], self.length[i], self.size[i], self.rat[r]
 
-    def loc_at(self, i: int) -> tuple[int, int]:
-        """(location, published_at) of the message at position ``i`` (not checked)."""
-        r = self.rec[i] - self.rbase
-        return self.rloc[r], self.rat[r]
-
     def is_live(self, seq: int, loc: int) -> bool:
         """Does the index still point at this record for ``seq`` (segstore compaction)?"""
         i = seq - self.first_seq
