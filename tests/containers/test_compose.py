@@ -102,7 +102,10 @@ def test_a_node_whose_process_dies_is_restarted_on_a_read_only_root(
         "import os; [os.kill(int(p), 9) for p in os.listdir('/proc') if p.isdigit() and p != '1'"
         " and b'raftq\\x00node' in open(f'/proc/{p}/cmdline', 'rb').read()]"
     )
-    subprocess.run(["docker", "exec", cid, "python3", "-c", kill], check=True, timeout=60)
+    # The init exits with the node, so the container may stop before this exec returns: Docker
+    # then kills the exec too (137). Either way the restart below is what the test checks.
+    done = subprocess.run(["docker", "exec", cid, "python3", "-c", kill], timeout=60)
+    assert done.returncode in (0, 137), done.returncode
 
     def restarted() -> bool:
         out = subprocess.run(["docker", "inspect", "-f", "{{.RestartCount}}", cid],
