@@ -549,6 +549,78 @@ async def test_a_crash_between_snapshot_and_compaction_keeps_later_entries(
         await ns.close()
 
 
+@pytest.mark.parametrize("inline_us", [None, -1], ids=["light", "forced-fork"])
+async def test_a_light_state_is_snapshotted_in_place_a_heavy_one_by_a_forked_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inline_us: int | None
+) -> None:
+    forks: list[int] = []
+    real_fork = os.fork
+
+    def fork() -> int:
+        pid = real_fork()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", fork)
+    ns = Nodes(tmp_path, 1)
+    kw: dict[str, Any] = {} if inline_us is None else {"inline_snapshot_us": inline_us}
+    node = ns.start("n1", **kw)
+    try:
+        await ns.leader()
+        await node.propose([{"op": "create_topic", "topic": "t"}])
+        await node.propose([pub("t", b"a")])
+        assert node.read(lambda b: b.snapshot_cost()) < 1000
+        node.force_compaction()
+        await until("a snapshot", lambda: node.stats["snapshots"] >= 1)
+        assert len(forks) == (0 if inline_us is None else 1)
+        await ns.stop("n1")
+        node = ns.start("n1")  # from that snapshot
+        await ns.leader()
+        assert node.read(lambda b: b.topic_stats("t")["messages"]) == 1
+    finally:
+        await ns.close()
+
+
+async def test_a_snapshot_install_waits_for_our_own_writer_thread_first(tmp_path: Path) -> None:
+    """The thread writing a light state's snapshot cannot be killed: the install waits for
+    it, so its (older) file never lands over the installed one."""
+    ns = Nodes(tmp_path, 1)
+    node = ns.start("n1")
+    try:
+        await ns.leader()
+        await node.propose([{"op": "create_topic", "topic": "t"}])
+        node.force_compaction()
+        await until("a snapshot", lambda: node.stats["snapshots"] >= 1)
+        snaps = node._snaps
+        assert snaps is not None
+        blob = snaps._read()
+        assert blob is not None
+        path = tmp_path / "n1" / "snapshot.bin"
+        gate = threading.Event()
+
+        def slow_writer() -> None:  # an older state's file, renamed in late
+            gate.wait(10)
+            time.sleep(0.2)
+            path.write_bytes(b"older")
+
+        done: list[bool] = []
+
+        def install() -> None:
+            snaps._writer = threading.Thread(target=slow_writer, daemon=True)
+            snaps._writer.start()
+            gate.set()
+            done.append(snaps.setTransmissionData((b"S" + blob, True, True)))
+
+        node._ticks.calls.append(install)
+        node._ticks.wake()
+        await until("the install", lambda: done)
+        assert done == [True] and snaps._writer is None
+        assert path.read_bytes() == blob
+    finally:
+        await ns.close()
+
+
 async def test_a_snapshot_install_stops_our_own_snapshot_writer_first(tmp_path: Path) -> None:
     """Otherwise the writer (older state) could rename its file over the installed one."""
     ns = Nodes(tmp_path, 1)

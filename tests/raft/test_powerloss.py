@@ -36,16 +36,20 @@ def _run_until_power_loss(
 
 @pytest.mark.parametrize(
     ("compaction", "torn"),
-    [(10_000, False), (8, False), (8, True)],
-    ids=["journal", "snapshots", "snapshots-torn-tails"],
+    [(10_000, False), (8, False), (8, True), (-8, True)],
+    ids=["journal", "snapshots", "snapshots-torn-tails", "forked-snapshots-torn-tails"],
 )
 def test_every_acknowledged_entry_survives_power_loss_with_fsync_always(
     tmp_path: Path, make_cluster: type[RaftCluster], compaction: int, torn: bool
 ) -> None:
     """Two power cuts in a row (the second one hits a recovered cluster). With compaction
     every 8 entries, snapshots and journal rewrites happen all along; with torn tails, part
-    of the unsynced bytes survive too, cutting records in half."""
-    c = make_cluster(tmp_path, shadow=True, extra=["--compaction-entries", str(compaction)])
+    of the unsynced bytes survive too, cutting records in half. (Light states are written by
+    a thread; -8: by a forked writer, as heavy ones are.)"""
+    extra = ["--compaction-entries", str(abs(compaction))]
+    if compaction < 0:
+        extra += ["--inline-snapshot-us", "-1"]
+    c = make_cluster(tmp_path, shadow=True, extra=extra)
     rnd = random.Random(7) if torn else None
     acked = _run_until_power_loss(c, 0, rnd)
     acked += _run_until_power_loss(c, 40, rnd)
@@ -153,8 +157,9 @@ def _same_state(c: RaftCluster) -> bool:
     return len(digests) == 1
 
 
+@pytest.mark.parametrize("writer", ["thread", "fork"])
 def test_every_acknowledged_payload_survives_power_loss_in_the_store(
-    tmp_path: Path, make_cluster: type[RaftCluster]
+    tmp_path: Path, make_cluster: type[RaftCluster], writer: str
 ) -> None:
     """The payload store (issue 22) under two power cuts in a row on every node: segments of
     32 KiB roll, retire (acks), get compacted and deleted (snapshots every ~8 entries); torn
@@ -162,6 +167,8 @@ def test_every_acknowledged_payload_survives_power_loss_in_the_store(
     consumer acked is there byte for byte, and the replicas agree (digest: state and store
     marks)."""
     extra = ["--compaction-entries", "8", "--segment-bytes", str(SEGMENT)]
+    if writer == "fork":  # (what a heavy state gets; a light one, this one, a thread)
+        extra += ["--inline-snapshot-us", "-1"]
     c = make_cluster(tmp_path, shadow=True, extra=extra)
     torn = random.Random(22)
     backlog = _Backlog()

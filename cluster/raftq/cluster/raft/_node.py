@@ -50,6 +50,7 @@ from raftq.cluster.raft._snapshots import _jitter, _Snapshots
 from raftq.cluster.raft._ticks import Ticks
 from raftq.cluster.raft._tuning import (
     COMPACTION_ENTRIES,
+    INLINE_SNAPSHOT_US,
     LEADER_SILENT,
     LOOP_TICKS,
     MAX_ENTRY_BYTES,
@@ -101,6 +102,7 @@ class RaftNode:
         loop_ticks: bool = LOOP_TICKS,
         pre_vote: bool = PRE_VOTE,
         store_segment_bytes: int = SEGMENT_BYTES,
+        inline_snapshot_us: int = INLINE_SNAPSHOT_US,
     ) -> None:
         if config.fsync not in ("always", "never"):
             raise ValueError(f"fsync must be 'always' or 'never', not {config.fsync!r}")
@@ -184,6 +186,7 @@ class RaftNode:
             os.path.join(data, "snapshot.bin") if data is not None else None,
             1 << 20,
             compaction_entries,
+            inline_snapshot_us,
         )
         self._proposals = Proposals(self)
         self._members = Membership(self)

@@ -55,6 +55,8 @@ COMPACTION_ENTRIES = 10_000  # entries stay in RAM until compacted: 10k batches 
 # are ~100 MB. A compaction is cheap for the Raft thread (forked writer: 1M messages, 3-6 s in
 # the child, longest tick < 0.3 s), so it can run often.
 COMPACTION_SECONDS = 300.0
+INLINE_SNAPSHOT_US = 20_000  # a state whose snapshot takes about this long or less (Broker.
+# snapshot_cost) is serialized on the tick thread, no fork: a heartbeat waits at most ~20 ms.
 SNAPSHOT_SYNC_EVERY = 4 << 20  # the snapshot writer's flushes, so journal fsyncs pass between
 COMPACTION_BYTES = 32 << 20  # also snapshot after this many entry bytes (or the last snapshot's
 # size, when larger: _snapshots.py). Entries stay in RAM until then, so this bounds the journal's
