@@ -34,7 +34,8 @@ def run_one(
 ) -> list[dict[str, Any]]:
     raftq = checkout / ".venv" / "bin" / "raftq"
     cmd = [str(raftq), "bench", "--runs", "1", "--cases", args.cases, "--sizes", args.sizes,
-           "--secs", str(args.secs), "--n", str(args.n), "--out", str(out)]  # fmt: skip
+           "--secs", str(args.secs), "--n", str(args.n), "--fsync", args.fsync,
+           "--out", str(out)]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(cmd, check=True, cwd=checkout, stdout=subprocess.DEVNULL, timeout=1800,
                    env={**os.environ, **env})  # fmt: skip
@@ -56,6 +57,7 @@ def main() -> int:
     p.add_argument("--sizes", default="100,1024")
     p.add_argument("--secs", type=float, default=5.0)
     p.add_argument("--n", type=int, default=20_000)
+    p.add_argument("--fsync", choices=["always", "never"], default="always")
     p.add_argument(
         "--env-a",
         action="append",

@@ -27,7 +27,7 @@ def test_trim_runs_every_period_until_cancelled(monkeypatch: pytest.MonkeyPatch)
             return 1
 
         monkeypatch.setattr(malloc, "_malloc_trim", lambda: trim)
-        task = asyncio.create_task(malloc.trim_forever(0.001))
+        task = asyncio.create_task(malloc.trim_forever(0.001, above=0))
         await asyncio.wait_for(third.wait(), 5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -35,6 +35,41 @@ def test_trim_runs_every_period_until_cancelled(monkeypatch: pytest.MonkeyPatch)
 
     asyncio.run(main())
     assert calls[:3] == [0, 0, 0]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_it_trims_only_when_the_heaps_hold_enough_free_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = malloc._heap_free()
+    assert real is not None and real() >= 0
+    frees = iter([10, 99, 100, 5, 500])
+    calls: list[int] = []
+
+    async def main() -> None:
+        done = asyncio.Event()
+
+        def free() -> int:
+            try:
+                return next(frees)
+            except StopIteration:
+                done.set()
+                return 0
+
+        def trim(pad: int) -> int:
+            calls.append(pad)
+            return 1
+
+        monkeypatch.setattr(malloc, "_malloc_trim", lambda: trim)
+        monkeypatch.setattr(malloc, "_heap_free", lambda: free)
+        task = asyncio.create_task(malloc.trim_forever(0.001, above=100))
+        await asyncio.wait_for(done.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert len(calls) == 2, "at 100 and 500 free bytes, not at 10, 99 or 5"
 
 
 def test_without_malloc_trim_it_returns_at_once(monkeypatch: pytest.MonkeyPatch) -> None:

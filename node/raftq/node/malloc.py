@@ -10,7 +10,10 @@ peak RSS of the largest node): 510 MB by default. A fixed 128 KiB threshold
 publish rates in a paired A/B (a mapping, page faults and zeroing for every big block);
 ``malloc_trim(0)`` every few seconds releases the free pages inside the heaps instead (290 MB
 in the same run, with the idempotency keys compact as well: 284 with the fixed threshold), and
-leaves allocation as it was.
+leaves allocation as it was. It trims only when the heaps hold ``TRIM_ABOVE`` free bytes or
+more (glibc's ``mallinfo2``): a trim takes the arenas' locks and the pages it releases fault
+back in when reused, ~1.6 % CPU a message and 3-5 % of the 1 KiB publish rates in a paired A/B
+when run every 5 s regardless.
 """
 
 from __future__ import annotations
@@ -23,6 +26,29 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 TRIM_EVERY_S = 5.0
+TRIM_ABOVE = 16 << 20  # free bytes in the heaps (mallinfo2's fordblks) worth a trim
+
+
+_MALLINFO2 = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in _MALLINFO2.split()]
+
+
+def _heap_free() -> Callable[[], int] | None:
+    """The free bytes in glibc's heaps (``mallinfo2``, glibc >= 2.33), or None."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = []
+    fn.restype = _MallInfo2
+
+    def free() -> int:
+        return int(fn().fordblks)
+
+    return free
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -36,13 +62,16 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return fn
 
 
-async def trim_forever(every: float = TRIM_EVERY_S) -> None:
-    """Give free heap pages back every ``every`` seconds, until cancelled (a ctypes call
-    releases the GIL: other threads run meanwhile)."""
+async def trim_forever(every: float = TRIM_EVERY_S, above: int = TRIM_ABOVE) -> None:
+    """Every ``every`` seconds, give the heaps' free pages back if they hold ``above`` free
+    bytes or more (always, without ``mallinfo2``), until cancelled (a ctypes call releases
+    the GIL: other threads run meanwhile)."""
     trim = _malloc_trim()
     if trim is None:
         log.debug("no malloc_trim here: the heap is left as it is")
         return
+    free = _heap_free()
     while True:
         await asyncio.sleep(every)
-        trim(0)
+        if free is None or free() >= above:
+            trim(0)
