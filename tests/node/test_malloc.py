@@ -80,3 +80,13 @@ def test_without_malloc_trim_it_returns_at_once(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(ctypes, "CDLL", NoLibc)
     assert malloc._malloc_trim() is None
     asyncio.run(asyncio.wait_for(malloc.trim_forever(0.001), 5))
+
+
+def test_tuned_gc_freezes_and_sets_thresholds_for_its_span_only() -> None:
+    import gc
+
+    before = gc.get_threshold()
+    with malloc.tuned_gc((12_345, 7, 9)):
+        assert gc.get_threshold() == (12_345, 7, 9)
+        assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -275,6 +275,7 @@ def _need_server_extra() -> None:
 
 def _run_node(args: argparse.Namespace) -> int:
     _need_server_extra()
+    from raftq.node.malloc import tuned_gc
     from raftq.node.server import (
         NodeOptions,
         parse_peers,
@@ -398,7 +399,8 @@ def _run_node(args: argparse.Namespace) -> int:
         force_new_cluster=args.force_new_cluster,
         min_free_disk=min_free_disk,
     )
-    return asyncio.run(serve(opts))
+    with tuned_gc():
+        return asyncio.run(serve(opts))
 
 
 def add_cluster_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
