@@ -10,7 +10,7 @@ from typing import Any
 
 import msgpack
 
-from raftq.cluster.dedup import key_digest
+from raftq.cluster.dedup import ENTRY, key_digest
 from raftq.cluster.msgindex import GONE
 from raftq.cluster.state import Broker, _age_due
 
@@ -176,20 +176,21 @@ def twin(b: Broker) -> Broker:
 
 
 def check_dedup(k: Any, now: int) -> None:
-    """Each digest held is in exactly one live row, the one the dict maps it to, and answers
-    the seq its row says."""
+    """Each digest held is in exactly one live row and one bucket entry, the one its hash
+    picks, with the seq its row says; ``n`` counts them."""
+    held = [bytes(r[2][i : i + 16]) for r in k.heap for i in range(0, len(r[2]), 16)]
     assert all(r[0] > now for r in k.heap), "a due row is gone"
-    held = [d for r in k.heap for d in r[2]]
-    assert len(held) == len(set(held)) == len(k.held) == len(k), "one row a digest"
-    for row in k.heap:
-        _, first, digests, seqs = row
-        n = len(digests)
+    for _, first, blob, seqs in k.heap:
+        n = len(blob) // 16
         want = list(range(first, first + n)) if seqs is None else list(seqs)
         assert len(want) == n and want[0] == first
-        assert all(type(d) is bytes and len(d) == 16 for d in digests)
-        assert all(k.held[d] is row for d in digests)
-        assert [k.get(bytes(d)) for d in digests] == want
-    assert k.peak >= len(k)
+        assert [k.get(bytes(blob[i * 16 : i * 16 + 16])) for i in range(n)] == want
+    assert len(held) == len(set(held)) == k.n == sum(len(b) for b in k.buckets) // ENTRY
+    assert all(len(b) % ENTRY == 0 for b in k.buckets)
+    for j, b in enumerate(k.buckets):
+        for i in range(0, len(b), ENTRY):
+            assert hash(bytes(b[i : i + 16])) & k.mask == j
+    assert set(held) == {bytes(b[i : i + 16]) for b in k.buckets for i in range(0, len(b), ENTRY)}
 
 
 def legacy_dedup(rows: Any) -> list[Any]:

@@ -1,45 +1,47 @@
-"""A topic's idempotency keys within its dedup window, as fixed-size digests (issue 22).
+"""A topic's idempotency keys within its dedup window, compact (issue 22).
 
 A key is kept as its 16-byte blake2b digest (``key_digest``: a collision among 2^64 keys is
-as likely as not; a window holds millions at most). ``DedupKeys`` is a dict digest -> the row
-that holds it, so a lookup, an insert and a delete are each one dict operation in C: a
-publish's keys cost ~0.1 us each besides their digest. ~110 B a key in all
-(``bench/dedup.py``), against ~165 B for a dict of uuid strings and their seqs.
+as likely as not; a window holds millions at most) with the seq it published. ``DedupKeys``
+puts each as a 24-byte entry (digest, seq as 8 little-endian bytes) in one of 2^k buckets,
+chosen by ``hash(digest)``: a ``bytes`` of 2-8 entries (one allocation, 33 B of header; an
+empty one is the shared ``b""``; an insert or delete makes a new one, a copy of ~100-200 B).
+A lookup is one ``bytes.find`` (C) over a few entries, so the per-key work in Python is a
+hash, a find and a concatenation, with no Python object per key (an open-addressing table
+probed in Python, ``msgindex.DigestTable`` before, cost 8-13 % CPU cluster-wide). 47-60 B a key in
+all (``bench/dedup.py``), against ~165 B for a dict of uuid strings.
 
-(A packed table of 24-byte entries in ``bytes`` buckets took 47-60 B a key, but every insert
-and delete rebuilt a bucket in Python, ~1.2 us a key on each replica: ~6 % of the cluster's
-CPU per message in the publish benchmarks. Memory per key follows rate x window, not the
-backlog; CPU is paid on every publish, so the dict won.)
+Expiry is per publish command, as before: a heap of rows ``[expires_at, first seq, digests,
+seqs]`` (``seqs`` None when they are consecutive from the first, the common case, else an
+``array``: a snapshot then needs no lookup a key),
+one per publish (publishes of one entry to a topic share a row: same expiry), and expiring a
+row deletes its entries. Each digest held is in exactly one live row.
 
-Expiry is per publish command: a heap of rows ``[expires_at, first seq, digests, seqs]``
-(``digests`` a list of the very ``bytes`` the dict holds, 8 B a key; ``seqs`` None when they
-are consecutive from the first, the common case, else an ``array``), one per publish
-(publishes of one entry to a topic share a row: same expiry), and expiring a row deletes its
-digests. Each digest held is in exactly one live row, the one the dict maps it to; its seq is
-found from its place in the row (a duplicate, the rare case, scans its row).
-
-Deterministic where it matters: snapshots (``dump``: rows in expiry order, whatever the heap's
-layout) and what a replica answers depend only on the commands applied; dicts compare full
-digests, whatever ``hash()`` (randomized per process) makes of them, which is also why an
-attacker who can pick keys cannot pile them up in one slot. Nothing here reads a clock,
-randomness or a file.
+Deterministic where it matters: lookups compare the full digest, so what a replica answers,
+snapshots (``dump``: rows in expiry order) and restores never depends on the bucket layout,
+which ``hash()`` (randomized per process by ``PYTHONHASHSEED``) may choose; that layout is
+also why an attacker who can pick keys cannot pile them into one bucket. Nothing here reads a
+clock, randomness or a file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import heapq
+import struct
 import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import repeat
 from typing import Any
 
+ENTRY = 24  # digest 16 + seq 8 (little-endian)
+GROW_AT = 8  # keys per bucket on average above which the buckets are rebuilt for 2-4
+SHRINK_AT = 1  # ... and below which, too
+
 _PROTO = hashlib.blake2b(digest_size=16)  # (copying it beats the constructor's arguments)
-SHRINK_BELOW = 8  # the dict is rebuilt once it holds under 1/8 of its peak (dicts never shrink)
+_entry = struct.Struct("<16sq").pack  # digest, seq: an entry (one call, one object)
 
 
-Row = list[Any]  # [expires_at, first seq, digests: list[bytes], seqs: array("q") or None]
+Row = list[Any]  # [expires_at, first seq, digests, seqs: array("q") or None]
 
 
 def _row_order(row: Row) -> tuple[int, int]:
@@ -71,27 +73,23 @@ def key_digest(key: str) -> bytes:
     return h.digest()
 
 
-def _seq_in(row: Row, d: bytes) -> int:
-    i = row[2].index(d)
-    return row[1] + i if row[3] is None else int(row[3][i])
-
-
 class DedupKeys:
     """Digest -> seq for the keys of one topic's window, with their expiry rows."""
 
-    __slots__ = ("heap", "held", "last", "peak")
+    __slots__ = ("buckets", "heap", "last", "mask", "n")
 
     def __init__(self) -> None:
-        self.held: dict[bytes, Row] = {}
-        # [expires_at, first seq, digests, seqs or None: consecutive from the first], a
-        # min-heap; ``last`` is the row pushed last, which a publish with the same expiry
+        self.buckets: list[bytes] = [b""]
+        self.mask = 0  # len(buckets) - 1, a power of two minus one
+        self.n = 0  # live keys
+        # [expires_at, first seq, digests joined, seqs or None: consecutive from the first],
+        # a min-heap; ``last`` is the row pushed last, which a publish with the same expiry
         # extends.
         self.heap: list[Row] = []
         self.last: Row | None = None
-        self.peak = 0  # most keys held since the dict was last built
 
     def __len__(self) -> int:
-        return len(self.held)
+        return self.n
 
     def lookup(self, key: str) -> tuple[bytes, int | None]:
         """The digest of ``key`` and the seq it published, or None: ``key_digest`` and
@@ -99,55 +97,98 @@ class DedupKeys:
         h = _PROTO.copy()
         h.update(key.encode())
         d = h.digest()
-        row = self.held.get(d)
-        return d, None if row is None else _seq_in(row, d)
+        b = self.buckets[hash(d) & self.mask]
+        i = b.find(d)
+        if i < 0:
+            return d, None
+        while i % ENTRY:
+            i = b.find(d, i + 1)
+            if i < 0:
+                return d, None
+        return d, int.from_bytes(b[i + 16 : i + ENTRY], "little")
 
     def get(self, d: bytes) -> int | None:
         """The seq a digest published, or None."""
-        row = self.held.get(d)
-        return None if row is None else _seq_in(row, d)
+        b = self.buckets[hash(d) & self.mask]
+        i = b.find(d)
+        while i > 0 and i % ENTRY:  # a match across two entries (or into a seq) is not one
+            i = b.find(d, i + 1)
+        if i < 0:
+            return None
+        return int.from_bytes(b[i + 16 : i + ENTRY], "little")
 
     def add(self, expires_at: int, keyed: Mapping[bytes, int]) -> None:
         """The new keys of one publish command: digests (none held yet, none twice) ->
         their seqs, in seq order."""
         if not keyed:
             return
+        buckets, mask = self.buckets, self.mask
+        for d, seq in keyed.items():
+            buckets[hash(d) & mask] += _entry(d, seq)
+        blob = b"".join(keyed)
         vals = list(keyed.values())
         together = vals[-1] - vals[0] == len(vals) - 1  # (increasing: consecutive)
-        row = self.last
-        if row is not None and row[0] == expires_at:  # (still in the heap: expires later)
-            held = len(row[2])
-            seqs = row[3]
-            if seqs is None and not (together and vals[0] == row[1] + held):
-                seqs = row[3] = array("q", range(row[1], row[1] + held))
+        last = self.last
+        if last is not None and last[0] == expires_at:  # (still in the heap: expires later)
+            held = len(last[2]) // 16
+            seqs = last[3]
+            if seqs is None and not (together and vals[0] == last[1] + held):
+                seqs = last[3] = array("q", range(last[1], last[1] + held))
             if seqs is not None:
                 seqs.extend(vals)
-            row[2].extend(keyed)
+            last[2].extend(blob)
         else:
-            row = [expires_at, vals[0], list(keyed), None if together else array("q", vals)]
+            row: Row = [
+                expires_at,
+                vals[0],
+                bytearray(blob),
+                None if together else array("q", vals),
+            ]
             heapq.heappush(self.heap, row)
             self.last = row
-        self.held.update(zip(keyed, repeat(row)))
-        if len(self.held) > self.peak:
-            self.peak = len(self.held)
+        self.n += len(keyed)
+        if self.n > GROW_AT * (mask + 1):
+            self._rebuild()
 
     def next_expiry(self) -> int | None:
         return self.heap[0][0] if self.heap else None
 
     def expire(self, now: int) -> int:
         """Drop the rows due at ``now`` and their keys; returns how many keys left."""
-        q, held = self.heap, self.held
-        before = len(held)
+        q, n = self.heap, 0
+        buckets, mask = self.buckets, self.mask
         while q and q[0][0] <= now:
             row = heapq.heappop(q)
             if row is self.last:
                 self.last = None
-            for d in row[2]:
-                del held[d]
-        if len(held) * SHRINK_BELOW < self.peak:
-            self.held = dict(held)  # (a dict keeps its table at its peak size until rebuilt)
-            self.peak = len(held)
-        return before - len(held)
+            blob = bytes(row[2])
+            for j in range(0, len(blob), 16):
+                d = blob[j : j + 16]
+                h = hash(d) & mask
+                b = buckets[h]
+                i = b.find(d)
+                while i > 0 and i % ENTRY:
+                    i = b.find(d, i + 1)
+                if i >= 0:
+                    buckets[h] = b[ENTRY:] if i == 0 else b[:i] + b[i + ENTRY :]
+                    n += 1
+        self.n -= n
+        if n and self.mask and self.n < SHRINK_AT * (self.mask + 1):
+            self._rebuild()
+        return n
+
+    def _rebuild(self) -> None:
+        """Buckets for 2-4 keys each (the least power of two at least n/4: growing past 8
+        a bucket quadruples them), entries moved; depends only on the count."""
+        size = 1
+        while GROW_AT * size < 2 * self.n:
+            size *= 2
+        mask = size - 1
+        new = [b""] * size
+        for raw in self.buckets:
+            for i in range(0, len(raw), ENTRY):
+                new[hash(raw[i : i + 16]) & mask] += raw[i : i + ENTRY]
+        self.buckets, self.mask = new, mask
 
     def nbytes(self) -> int:
         """Bytes held (objects and allocations, as ``sys.getsizeof`` counts them)."""
@@ -156,8 +197,8 @@ class DedupKeys:
             for r in self.heap
         )
         return (
-            sys.getsizeof(self.held)
-            + sum(map(sys.getsizeof, self.held))
+            sys.getsizeof(self.buckets)
+            + sum(sys.getsizeof(b) for b in self.buckets)
             + sys.getsizeof(self.heap)
             + rows
         )
@@ -170,33 +211,32 @@ class DedupKeys:
         restored replica holds one row per expiry time). ``seqs`` is the first seq when they
         are consecutive (a row is the keys of one entry's publishes: the common case, 16 B a
         key in all), else little-endian int64 bytes (24 B a key)."""
-        merged: list[tuple[int, list[bytes], list[Sequence[int]]]] = []
-        for exp, first, digests, seqs in sorted(self.heap, key=_row_order):
-            part = range(first, first + len(digests)) if seqs is None else seqs
+        merged: list[tuple[int, bytearray, list[Sequence[int]]]] = []
+        for exp, first, blob, seqs in sorted(self.heap, key=_row_order):
+            part = range(first, first + len(blob) // 16) if seqs is None else seqs
             if merged and merged[-1][0] == exp:
-                merged[-1][1].append(b"".join(digests))
+                merged[-1][1].extend(blob)
                 merged[-1][2].append(part)
             else:
-                merged.append((exp, [b"".join(digests)], [part]))
+                merged.append((exp, bytearray(blob), [part]))
         rows: list[list[Any]] = []
-        for exp, blobs, parts in merged:
-            blob = b"".join(blobs)
+        for exp, blob, parts in merged:
             first = _consecutive(parts)
             if first is not None:
-                rows.append([exp, blob, first])
+                rows.append([exp, bytes(blob), first])
                 continue
             got = array("q")
             for p in parts:
                 got.extend(p if type(p) is array else array("q", p))
             if sys.byteorder != "little":
                 got.byteswap()
-            rows.append([exp, blob, got.tobytes()])
+            rows.append([exp, bytes(blob), got.tobytes()])
         return rows
 
     @classmethod
     def restore(cls, rows: Iterable[Any]) -> DedupKeys:
         """From ``dump()`` rows (snapshot v8). ValueError on a malformed row."""
-        loaded: list[tuple[int, list[bytes], Sequence[int]]] = []
+        loaded: list[tuple[int, bytes, Sequence[int]]] = []
         for exp, blob, raw in rows:
             if len(blob) % 16 or not blob:
                 raise ValueError("dedup row: digests are 16 bytes each")
@@ -210,36 +250,46 @@ class DedupKeys:
                 seqs.frombytes(raw)
                 if sys.byteorder != "little":
                     seqs.byteswap()
-            digests = [blob[j : j + 16] for j in range(0, len(blob), 16)]
-            loaded.append((exp, digests, seqs))
+            loaded.append((exp, bytes(blob), seqs))
         return cls._loaded(loaded)
 
     @classmethod
     def from_keys(cls, rows: Iterable[tuple[int, Iterable[str], Iterable[int]]]) -> DedupKeys:
         """From the rows ``(expires_at, keys, seqs)`` of a v3-v7 snapshot: the upgrade."""
-        loaded: list[tuple[int, list[bytes], Sequence[int]]] = []
+        loaded: list[tuple[int, bytes, Sequence[int]]] = []
         for exp, keys, seqs in rows:
-            digests, seqs = list(map(key_digest, keys)), array("q", seqs)
-            if len(digests) != len(seqs):
+            keys, seqs = list(keys), array("q", seqs)
+            if len(keys) != len(seqs):
                 raise ValueError("dedup row: keys and seqs differ in number")
-            if digests:
-                loaded.append((exp, digests, seqs))
+            if keys:
+                loaded.append((exp, b"".join(map(key_digest, keys)), seqs))
         return cls._loaded(loaded)
 
     @classmethod
-    def _loaded(cls, rows: list[tuple[int, list[bytes], Sequence[int]]]) -> DedupKeys:
-        """The table of these rows; ValueError if a digest is held twice."""
+    def _loaded(cls, rows: list[tuple[int, bytes, Sequence[int]]]) -> DedupKeys:
+        """The table of these rows, sized for all of them at once (no grow on the way) and
+        each digest checked not to be held yet as it goes in (one find: a restart of a
+        million keys took 2.6 s with a lookup, an insert and the grows apart)."""
         k = cls()
-        held = k.held
-        n = 0
-        for exp, digests, seqs in rows:
+        k.n = sum(len(seqs) for _, _, seqs in rows)
+        size = 1
+        while GROW_AT * size < 2 * k.n:
+            size *= 2
+        k.mask = mask = size - 1
+        k.buckets = buckets = [b""] * size
+        for exp, blob, seqs in rows:
+            for j, seq in zip(range(0, len(blob), 16), seqs, strict=True):
+                d = blob[j : j + 16]
+                h = hash(d) & mask
+                b = buckets[h]
+                if b:
+                    i = b.find(d)
+                    while i > 0 and i % ENTRY:
+                        i = b.find(d, i + 1)
+                    if i >= 0:
+                        raise ValueError("dedup rows: a key held twice")
+                buckets[h] = b + _entry(d, seq)
             together = _consecutive([seqs]) is not None
-            row = [exp, seqs[0], digests, None if together else array("q", seqs)]
-            k.heap.append(row)
-            held.update(zip(digests, repeat(row)))
-            n += len(digests)
-            if len(held) != n:
-                raise ValueError("dedup rows: a key held twice")
+            k.heap.append([exp, seqs[0], bytearray(blob), None if together else array("q", seqs)])
         heapq.heapify(k.heap)
-        k.peak = n
         return k
