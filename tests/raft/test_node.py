@@ -582,20 +582,54 @@ async def test_a_light_state_is_snapshotted_in_place_a_heavy_one_by_a_forked_wri
         await ns.close()
 
 
+async def _snapshotted(ns: Nodes, node: RaftNode) -> bytes:
+    """A topic created and a snapshot written: its file's bytes."""
+    await ns.leader()
+    await node.propose([{"op": "create_topic", "topic": "t"}])
+    node.force_compaction()
+    await until("a snapshot", lambda: node.stats["snapshots"] >= 1)
+    assert node._snaps is not None
+    blob = node._snaps._read()
+    assert blob is not None
+    return blob
+
+
+async def test_a_snapshot_that_fails_to_serialize_in_place_keeps_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ns = Nodes(tmp_path, 1)
+    node = ns.start("n1")
+    try:
+        await ns.leader()
+        await node.propose([{"op": "create_topic", "topic": "t"}])
+
+        def broken(marks: Any = None) -> bytes:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(node.broker, "snapshot", broken)
+        node.force_compaction()
+        snaps = node._snaps
+        assert snaps is not None
+        await until("the failure", lambda: snaps._retry_at > 0)
+        await node.propose([pub("t", b"still serving")])
+        assert node.stats["snapshots"] == 0
+        monkeypatch.undo()
+        snaps._retry_at = 0.0
+        node.force_compaction()
+        await until("a snapshot", lambda: node.stats["snapshots"] >= 1)
+    finally:
+        await ns.close()
+
+
 async def test_a_snapshot_install_waits_for_our_own_writer_thread_first(tmp_path: Path) -> None:
     """The thread writing a light state's snapshot cannot be killed: the install waits for
     it, so its (older) file never lands over the installed one."""
     ns = Nodes(tmp_path, 1)
     node = ns.start("n1")
     try:
-        await ns.leader()
-        await node.propose([{"op": "create_topic", "topic": "t"}])
-        node.force_compaction()
-        await until("a snapshot", lambda: node.stats["snapshots"] >= 1)
+        blob = await _snapshotted(ns, node)
         snaps = node._snaps
         assert snaps is not None
-        blob = snaps._read()
-        assert blob is not None
         path = tmp_path / "n1" / "snapshot.bin"
         gate = threading.Event()
 
@@ -626,13 +660,8 @@ async def test_a_snapshot_install_stops_our_own_snapshot_writer_first(tmp_path: 
     ns = Nodes(tmp_path, 1)
     node = ns.start("n1")
     try:
-        await ns.leader()
-        await node.propose([{"op": "create_topic", "topic": "t"}])
-        node.force_compaction()
-        await until("a snapshot", lambda: node.stats["snapshots"] >= 1)
+        blob = await _snapshotted(ns, node)
         assert node._snaps is not None
-        blob = node._snaps._read()
-        assert blob is not None
         # a slow "snapshot writer" (spawning is instant: no event-loop stall)
         pid = os.posix_spawn("/bin/sleep", ["sleep", "30"], {})  # noqa: ASYNC221
         done: list[bool] = []

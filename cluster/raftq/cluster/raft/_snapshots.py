@@ -137,7 +137,12 @@ class _Snapshots:
         with owner._lock:  # (a peek on another thread reads, and so flushes, the store)
             self._epoch, marks = store.marks()
             light = owner.broker.snapshot_cost() <= self._inline_us
-            blob = self._blob(data, marks) if light or self._disk is None else None
+            try:
+                blob = self._blob(data, marks) if light or self._disk is None else None
+            except Exception:  # a bug: as a forked writer's failure (the journal is kept)
+                log.exception("snapshot %s: serializing failed; retrying in 30 s", self._path)
+                self._retry_at = time.monotonic() + 30
+                return
         if self._disk is None or self._path is None:
             assert blob is not None
             self._mem = b"".join(blob)
