@@ -6,7 +6,8 @@ import asyncio
 from typing import Any
 
 from raftq.node.batcher import Batcher
-from raftq.node.raftapi import EntryTooLarge, QueueFull
+from raftq.node.raftapi import EntryTooLarge, NotLeader, QueueFull
+from raftq.node.service import splittable
 
 
 class FakePropose:
@@ -77,7 +78,7 @@ async def test_a_request_cancelled_before_proposing_is_dropped() -> None:
 
 async def test_a_batch_too_large_for_one_entry_is_split() -> None:
     fake = FakePropose(max_cmds=3)
-    b = Batcher(fake, max_inflight=1, splittable=lambda e: isinstance(e, EntryTooLarge))
+    b = Batcher(fake, max_inflight=1, splittable=splittable)
     b.start()
     try:
         results = await asyncio.gather(*(b.submit({"n": i}) for i in range(20)))
@@ -101,12 +102,39 @@ async def test_a_refused_batch_fails_every_request_in_it() -> None:
     assert all(isinstance(r, QueueFull) for r in results)
 
 
+async def test_a_batch_refused_by_a_node_no_longer_leader_fails_every_request_at_once() -> None:
+    # Not splittable: every request gets the refusal itself, promptly (a predicate that
+    # raised here left the requests waiting for their own timeouts).
+    fake = FakePropose()
+    fake.fail = NotLeader("not the leader; leader is n3")
+    b = Batcher(fake, splittable=splittable)
+    b.start()
+    try:
+        async with asyncio.timeout(2):
+            results = await asyncio.gather(
+                *(b.submit({"n": i}) for i in range(5)), return_exceptions=True
+            )
+    finally:
+        await b.stop()
+    assert all(isinstance(r, NotLeader) for r in results), results
+    assert len(fake.batches) == 0
+
+
+def test_only_refusals_before_anything_was_appended_split_a_batch() -> None:
+    assert splittable(EntryTooLarge("2 MB"))
+    assert splittable(TypeError("can not serialize 'set' object"))
+    assert splittable(OverflowError("Integer value out of range"))
+    assert not splittable(NotLeader("not the leader"))
+    assert not splittable(QueueFull("full"))
+    assert not splittable(TimeoutError())
+
+
 async def test_a_request_cancelled_while_its_batch_is_split_is_never_proposed() -> None:
     # The batch is refused as a whole; its first half goes alone. A request of the second
     # half cancelled meanwhile (its client went away, and its consumer is being released)
     # must not be proposed after that: it would apply after the release.
     fake = FakePropose(delay=0.1, max_cmds=1)
-    b = Batcher(fake, max_inflight=1, splittable=lambda e: isinstance(e, EntryTooLarge))
+    b = Batcher(fake, max_inflight=1, splittable=splittable)
     b.start()
     try:
         first = asyncio.ensure_future(b.submit({"n": 1}))

@@ -48,6 +48,13 @@ COMPACTION_CHECK_S = 1.0  # how often the leader looks for store segments worth 
 UNENCODABLE = (TypeError, OverflowError, UnicodeEncodeError)
 
 
+def splittable(e: BaseException) -> bool:
+    """Whether a batch refused with ``e`` was refused as a whole before anything was
+    appended (too large for one entry, or a value that cannot be encoded), so that the
+    batcher may retry it in halves."""
+    return isinstance(e, (EntryTooLarge, *UNENCODABLE))
+
+
 @dataclass(frozen=True)
 class NodeSettings:
     node_id: str = "n1"
@@ -170,7 +177,7 @@ class BrokerService:
             max_queue=settings.max_queue,
             timeout=settings.propose_timeout,
             on_batch=self.metrics.on_batch,
-            splittable=lambda e: isinstance(e, EntryTooLarge | UNENCODABLE),
+            splittable=splittable,
         )
         self.draining = asyncio.Event()
         # (leader's API address, consumer, topic patterns) -> give its deliveries back there
