@@ -327,4 +327,4 @@ class _Unbuilt(DedupKeys):
             for j, seq in zip(range(0, len(raw), 16), got, strict=True):
                 d = raw[j : j + 16]
                 buckets[hash(d) & mask] += _entry(d, seq)
-        self.__class__ = DedupKeys
+        self.__class__ = DedupKeys  # type: ignore[assignment]  # (a plain table from now on)
