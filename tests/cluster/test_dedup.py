@@ -14,6 +14,7 @@ from state_harness import Harness, check_dedup, v7_snapshot  # type: ignore[impo
 
 from raftq.cluster.dedup import DedupKeys, key_digest
 from raftq.cluster.state import Broker
+from raftq.cluster.storage import StorageCorrupt
 
 AT = 1_700_000_000_000
 
@@ -67,14 +68,18 @@ def test_a_restored_table_builds_its_buckets_for_the_keys_left_at_its_first_use(
     assert k.dump() == rows[2:]
 
 
-def test_a_digest_a_snapshot_held_twice_is_found_and_gone_once_both_rows_expire() -> None:
-    # ``dump`` never writes one twice; restore no longer looks for it (a check a key), and
-    # the table stays consistent if a snapshot did.
-    d = digests(2)
-    k = DedupKeys.restore([[AT, d[0] + d[1], 1], [AT + 1, d[0], 7]])
-    assert len(k) == 3 and k.get(d[0]) in (1, 7) and k.get(d[1]) == 2
-    assert k.expire(AT + 1) == 3 and len(k) == 0
-    assert k.get(d[0]) is None and k.get(d[1]) is None
+def test_a_digest_a_snapshot_held_twice_stops_the_node_at_the_first_use() -> None:
+    # ``dump`` never writes one twice; the restore leaves the check to the build (one find
+    # a key), which raises what stops a node: a StorageError out of the apply.
+    d = digests(3)
+    rows = [[AT, d[0] + d[1], 1], [AT + 10, d[2] + d[0], 7]]
+    k = DedupKeys.restore(rows)
+    assert len(k) == 4 and k.dump() == rows
+    with pytest.raises(StorageCorrupt, match="twice"):
+        k.get(d[2])
+    k = DedupKeys.restore(rows)
+    assert k.expire(AT) == 2  # (gone before the build: nothing is held twice any more)
+    assert k.get(d[0]) == 8 and k.get(d[1]) is None
 
 
 def test_a_match_across_two_entries_is_not_a_key() -> None:

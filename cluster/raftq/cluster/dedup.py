@@ -35,6 +35,8 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from raftq.cluster.storage import StorageCorrupt
+
 ENTRY = 24  # digest 16 + seq 8 (little-endian)
 GROW_AT = 8  # keys per bucket on average above which the buckets are rebuilt for 2-4
 SHRINK_AT = 1  # ... and below which, too
@@ -272,7 +274,8 @@ class DedupKeys:
         """The table of these rows, its buckets left to build (``_Unbuilt``): a restart
         restores the rows alone, and keys that expire before the topic's next publish are
         never put in a bucket (a restart with 7M keys in the window spent 5.4 s a node
-        building buckets and 1.7 s more emptying them as the journal replayed)."""
+        building buckets and 1.7 s more emptying them as the journal replayed). A key held
+        twice is found by the build."""
         k = cls()
         k.n = sum(len(seqs) for _, _, seqs in rows)
         for exp, blob, seqs in rows:
@@ -290,9 +293,11 @@ class _Unbuilt(DedupKeys):
     a call on the hot path). What it answers is the same either way, so replicas that build
     at different times (one restarted, one not) agree.
 
-    The build trusts the snapshot to hold each digest once, as ``dump`` writes them (a
-    sealed snapshot, checked at load); were one held twice, both entries go in, a lookup
-    finds one, and each row's expiry deletes one, so the count still ends at 0."""
+    ``dump`` writes each digest once; a snapshot that holds one twice is corrupt (it got
+    past the seal), and the build stops the node there (``StorageCorrupt``, out of the
+    apply that needed the table), as the eager restore refused it: the table would
+    otherwise answer by which row expired first, and a replica that built earlier
+    differently from one that built later."""
 
     __slots__ = ()
 
@@ -326,5 +331,13 @@ class _Unbuilt(DedupKeys):
             got = range(first, first + len(raw) // 16) if seqs is None else seqs
             for j, seq in zip(range(0, len(raw), 16), got, strict=True):
                 d = raw[j : j + 16]
-                buckets[hash(d) & mask] += _entry(d, seq)
+                h = hash(d) & mask
+                b = buckets[h]
+                if b:
+                    i = b.find(d)
+                    while i > 0 and i % ENTRY:
+                        i = b.find(d, i + 1)
+                    if i >= 0:
+                        raise StorageCorrupt("a snapshot's dedup rows hold a key twice")
+                buckets[h] = b + _entry(d, seq)
         self.__class__ = DedupKeys  # type: ignore[assignment]  # (a plain table from now on)
