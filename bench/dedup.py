@@ -9,7 +9,10 @@ publishes of 100 keys, of 1 key (entries of 50 publishes share an expiry, so a r
 --per-topic keys; against main's layout (a dict of str keys and one heap row per publish; the
 key strings counted too). Snapshot bytes per key (``msgpack`` of ``dump()``). CPU per key of
 ``get`` (a miss and a hit), ``add``, ``expire``, ``dump`` and ``restore`` (rows; the buckets
-are built at the first use), against the dict.
+are built at the first use), against the dict. Then the topic's whole table
+(``keys.TopicKeys``) as ``_op_publish`` drives it (lookup then add): the clients' numbered
+keys (``<producer>-<epoch>-<n>``) in publishes of 100 and of 1, and uuid keys, against the
+digest table alone; bytes per key (``nbytes``) and snapshot bytes per key.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import msgpack
 
 from raftq.cluster.dedup import DedupKeys, key_digest
+from raftq.cluster.keys import TopicKeys
 
 AT = 1_700_000_000_000
 
@@ -168,6 +172,41 @@ def cpu(n: int) -> None:
         print(f"  {name:<38} {sec * 1e9:7.0f} ns")
 
 
+def whole_table(n: int) -> None:
+    print(f"TopicKeys against DedupKeys alone ({n:,} keys, lookup + add a key, perf_counter):")
+    prefix = f"{random.Random(5).getrandbits(64):016x}-{random.Random(6).getrandbits(32):08x}"
+    numbered = [f"{prefix}-{i}" for i in range(1, n + 1)]
+    uuid_keys = uuids(n, seed=7)
+
+    def fill(k: Any, keys: list[str], per: int) -> float:
+        seq = 1
+        t0 = time.perf_counter()
+        for j in range(0, len(keys), per):
+            batch = {}
+            for key in keys[j : j + per]:
+                tok, _ = k.lookup(key)
+                batch[tok] = seq
+                seq += 1
+            k.add(AT, batch)
+        return (time.perf_counter() - t0) / len(keys)
+
+    for name, keys, per in (
+        ("client keys, 100 a publish", numbered, 100),
+        ("client keys, 1 a publish", numbered, 1),
+        ("uuid keys, 100 a publish", uuid_keys, 100),
+    ):
+        gc.collect()
+        alone = fill(DedupKeys(), keys, per)
+        gc.collect()
+        k = TopicKeys()
+        both = fill(k, keys, per)
+        snap = len(msgpack.packb(k.dump())) / n
+        print(
+            f"  {name:<28} DedupKeys {alone * 1e9:5.0f} ns, TopicKeys {both * 1e9:5.0f} ns;"
+            f" {k.nbytes() / n:5.1f} B a key, {snap:4.1f} in a snapshot"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--keys", type=int, default=1_000_000)
@@ -179,6 +218,7 @@ def main() -> None:
     many_topics(args.topics, args.per_topic)
     if not args.skip_cpu:
         cpu(args.keys)
+        whole_table(args.keys)
 
 
 if __name__ == "__main__":

@@ -98,10 +98,11 @@ def check_invariants(b: Broker) -> None:
         assert set(t.okeys) <= {base + i for i in live}, t.name
         assert sum(s[2] for s in b.store.stats(t.key)) == len(live), t.name
         live_bytes += sum(ix.length[i] for i in live)
-        check_dedup(t.dedup, b.now)
+        check_keys(t.dedup, b.now)
         # what expires next is in the expiry indexes, no later than it is due
-        if t.dedup.heap:
-            assert b._dedup_expiry.at[t.name] <= t.dedup.heap[0][0], t.name
+        nxt = t.dedup.next_expiry()
+        if nxt is not None:
+            assert b._dedup_expiry.at[t.name] <= nxt, t.name
         age_due = _age_due(t)
         if age_due is not None:
             assert b._aging.at[t.name] <= age_due, t.name
@@ -193,9 +194,41 @@ def check_dedup(k: Any, now: int) -> None:
     assert set(held) == {bytes(b[i : i + 16]) for b in k.buckets for i in range(0, len(b), ENTRY)}
 
 
-def legacy_dedup(rows: Any) -> list[Any]:
-    """v8 dedup rows ``[exp, digests, seqs bytes or first seq]`` as v3-v7 ones ``[exp, keys, seqs]``
-    (keys a Harness published)."""
+def check_keys(k: Any, now: int) -> None:
+    """A topic's ``TopicKeys``: its digest table (``check_dedup``), and its records' runs in
+    n order, disjoint (expired fronts included), expiries non-decreasing and live ones later
+    than ``now``; ``nruns`` counts the live keys."""
+    check_dedup(k.digests, now)
+    live = 0
+    for rec in k.records.values():
+        assert rec.runs, "a record without runs is dropped"
+        for a, b in zip(rec.runs, rec.runs[1:], strict=False):
+            assert a.end() <= b.n0
+        for r in rec.runs:
+            assert 0 <= r.start < len(r.seqs) == len(r.exps)
+            assert list(r.exps) == sorted(r.exps) and r.exps[r.start] > now
+            live += r.live()
+    assert live == k.nruns
+
+
+def dedup_held(k: Any) -> list[tuple[bytes, int]]:
+    """(digest, seq) of every key a ``TopicKeys`` holds, sorted: the same for two nodes that
+    hold the same keys, whether as digests or in runs (one converted an older snapshot)."""
+    held = []
+    for _, first, blob, seqs in k.digests.heap:
+        got = range(first, first + len(blob) // 16) if seqs is None else seqs
+        held += [(bytes(blob[i * 16 : i * 16 + 16]), s) for i, s in enumerate(got)]
+    for prefix, rec in k.records.items():
+        for r in rec.runs:
+            for j in range(r.start, len(r.seqs)):
+                held.append((key_digest(f"{prefix}-{r.n0 + j}"), r.seqs[j]))
+    return sorted(held)
+
+
+def legacy_dedup(dumped: Any) -> list[Any]:
+    """A v9 topic's dedup ``[v8 rows, high, legacy_until, records]`` as v3-v7 rows ``[exp,
+    keys, seqs]`` (keys a Harness published, or numbered ones)."""
+    rows, _, _, recs = dumped
     out = []
     for exp, blob, raw in rows:
         keys = [KEYS[blob[i : i + 16]] for i in range(0, len(blob), 16)]
@@ -204,15 +237,35 @@ def legacy_dedup(rows: Any) -> list[Any]:
         else:
             seqs = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw), 8)]
         out.append([exp, keys, seqs])
+    by_exp: dict[int, tuple[list[str], list[int]]] = {}
+    for prefix, runs in recs:
+        for n0, raw_seqs, raw_exps in runs:
+            for j in range(len(raw_seqs) // 8):
+                exp = int.from_bytes(raw_exps[j * 8 : j * 8 + 8], "little")
+                row = by_exp.setdefault(exp, ([], []))
+                row[0].append(f"{prefix}-{n0 + j}")
+                row[1].append(int.from_bytes(raw_seqs[j * 8 : j * 8 + 8], "little"))
+    out += [[exp, keys, seqs] for exp, (keys, seqs) in by_exp.items()]
     return out
 
 
-def v7_snapshot(b: Broker) -> bytes:
-    """``b``'s snapshot as v7 wrote it: idempotency keys, not digests."""
+def v8_dedup(dumped: Any) -> list[Any]:
+    """A v9 topic's dedup as v8 rows: every key a digest."""
+    rows = []
+    for exp, keys, seqs in legacy_dedup(dumped):
+        order = sorted(range(len(seqs)), key=seqs.__getitem__)
+        blob = b"".join(key_digest(keys[i]) for i in order)
+        rows.append([exp, blob, b"".join(seqs[i].to_bytes(8, "little") for i in order)])
+    return sorted(rows, key=lambda r: r[0])
+
+
+def v7_snapshot(b: Broker, version: int = 7) -> bytes:
+    """``b``'s snapshot as v7 wrote it (idempotency keys, not digests), or as v8 did
+    (digests only: no records of numbered keys)."""
     obj = msgpack.unpackb(b.snapshot(), raw=False, strict_map_key=False)
-    obj[0] = 7
+    obj[0] = version
     for row in obj[3]:
-        row[9] = legacy_dedup(row[9])
+        row[9] = legacy_dedup(row[9]) if version == 7 else v8_dedup(row[9])
     return msgpack.packb(obj, use_bin_type=True)
 
 
@@ -285,6 +338,8 @@ def state_of(b: Broker) -> list[Any]:
     read from the store: what nodes share whatever their store layout (a node that converted
     an old snapshot appended its messages differently)."""
     obj = msgpack.unpackb(b.snapshot(), raw=False, strict_map_key=False)
+    for row in obj[3]:  # (the keys held, whether as digests or in runs)
+        row[9] = dedup_held(b.topics[row[0]].dedup)
     return [*obj[:7], obj[8], messages(b)]
 
 

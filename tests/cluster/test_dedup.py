@@ -10,7 +10,12 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from state_harness import Harness, check_dedup, v7_snapshot  # type: ignore[import-not-found]
+from state_harness import (  # type: ignore[import-not-found]
+    Harness,
+    check_dedup,
+    state_of,
+    v7_snapshot,
+)
 
 from raftq.cluster.dedup import DedupKeys, key_digest
 from raftq.cluster.state import Broker
@@ -143,13 +148,14 @@ def test_restore_refuses_bad_rows() -> None:
 def test_the_snapshot_holds_16_bytes_a_key_and_round_trips(h: Harness) -> None:
     h.topic("t")
     for i in range(20):
-        msgs = [{"payload": b"x", "key": f"key-{i}-{j}"} for j in range(50)]
+        msgs = [{"payload": b"x", "key": f"key{i}.{j}"} for j in range(50)]  # (not numbered)
         h("publish", topic="t", messages=msgs)
         h.advance(1)
     snap = h.b.snapshot()
     obj = msgpack.unpackb(snap, raw=False)
-    assert obj[0] == 8
-    rows = obj[3][0][9]
+    assert obj[0] == 9
+    rows, high, legacy, records = obj[3][0][9]
+    assert high == records == [] and legacy == 0
     assert len(rows) == 20 and all(len(r[1]) == 16 * 50 and r[2] == 50 * i + 1
                                    for i, r in enumerate(rows))  # fmt: skip
     # 16 B a key, and at most 16 B of framing a row (its list, expiry, bin header, first seq)
@@ -164,7 +170,7 @@ def test_the_snapshot_holds_16_bytes_a_key_and_round_trips(h: Harness) -> None:
                 "op": "publish",
                 "topic": "t",
                 "now": h.now + 101_000,
-                "messages": [{"payload": b"y", "key": k} for k in ("key-0-0", "key-19-7", "new")],
+                "messages": [{"payload": b"y", "key": k} for k in ("key0.0", "key19.7", "new")],
             }
         )
         assert res["messages"] == [
@@ -173,6 +179,55 @@ def test_the_snapshot_holds_16_bytes_a_key_and_round_trips(h: Harness) -> None:
             {"seq": 1002, "duplicate": False},
         ]
     assert twin.snapshot() == h.b.snapshot()
+
+
+def test_numbered_keys_snapshot_as_runs_and_round_trip(h: Harness) -> None:
+    h.topic("t")
+    for i in range(20):  # a producer's keys, 50 a publish
+        msgs = [{"payload": b"x", "key": f"p1-e2-{50 * i + j + 1}"} for j in range(50)]
+        h("publish", topic="t", messages=msgs)
+        h.advance(1)
+    snap = h.b.snapshot()
+    rows, high, legacy, records = msgpack.unpackb(snap, raw=False)[3][0][9]
+    assert rows == high == [] and legacy == 0 and [r[0] for r in records] == ["p1-e2"]
+    (n0, seqs, exps), = records[0][1]  # fmt: skip
+    assert n0 == 1 and len(seqs) == len(exps) == 8 * 1000  # 16 B a key
+    twin = Broker()
+    twin.restore(snap)
+    assert twin.snapshot() == snap and twin.digest() == h.b.digest()
+    for b in (h.b, twin):
+        res = b.apply(
+            {
+                "op": "publish",
+                "topic": "t",
+                "now": h.now + 101_000,  # the first two publishes' keys expired
+                "messages": [
+                    {"payload": b"y", "key": k} for k in ("p1-e2-3", "p1-e2-999", "p1-e2-1001")
+                ],
+            }
+        )
+        assert res["messages"] == [
+            {"seq": 1001, "duplicate": False},
+            {"seq": 999, "duplicate": True},
+            {"seq": 1002, "duplicate": False},
+        ]
+    assert twin.snapshot() == h.b.snapshot()
+
+
+def test_a_v8_snapshot_keeps_its_digests_and_later_records_ask_them(h: Harness) -> None:
+    h.topic("t")
+    h("publish", topic="t", messages=[{"payload": b"x", "key": f"p-{n}"} for n in (1, 2, 3)])
+    old = Broker()
+    old.restore(v7_snapshot(h.b, 8))  # every key a digest
+    assert len(old.topics["t"].dedup.digests) == 3 and not old.topics["t"].dedup.records
+    assert state_of(old) == state_of(h.b)
+    h.advance(10)
+    for b in (h.b, old):  # p-5 makes a record (two keys) that must still find p-2
+        msgs = [{"payload": b"y", "key": k} for k in ("p-5", "p-6", "p-2")]
+        res = b.apply({"op": "publish", "topic": "t", "now": h.now, "messages": msgs})
+        assert [m["duplicate"] for m in res["messages"]] == [False, False, True]
+    assert old.topics["t"].dedup.legacy_until == h.now - 10_000 + 120_000
+    assert state_of(old) == state_of(h.b)
 
 
 def test_a_v7_snapshot_converts_its_keys(h: Harness) -> None:
@@ -227,8 +282,8 @@ for i in range(400):
     res = b.apply({"op": "publish", "topic": "t", "now": now, "messages": msgs})
     out.append(sum(m["seq"] * (1 + m["duplicate"]) for m in res["messages"]))
 t = b.topics["t"].dedup
-print(b.digest(), sum(out), len(t), len(t.buckets))
-print(bytes(t.buckets[0][:16]).hex())
+print(b.digest(), sum(out), len(t), len(t.digests.buckets))
+print(bytes(t.digests.buckets[0][:16]).hex())
 """
 
 

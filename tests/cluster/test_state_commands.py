@@ -405,10 +405,10 @@ def test_keys_of_one_publish_expire_together_as_one_entry(h: Harness) -> None:
     h.topic("t")
     h("publish", topic="t", messages=[{"payload": b"x", "key": f"k{i}"} for i in range(250)])
     t = h.b.topics["t"]
-    assert len(t.dedup) == 250 and len(t.dedup.heap) == 1
+    assert len(t.dedup) == 250 and len(t.dedup.digests.heap) == 1
     h.advance(120)
     h("tick")
-    assert not len(t.dedup) and not t.dedup.heap
+    assert not len(t.dedup) and not t.dedup.digests.heap
 
 
 def test_zero_dedup_window_disables_dedup(h: Harness) -> None:
@@ -1216,7 +1216,7 @@ def test_a_version_2_snapshot_with_one_dedup_row_per_key_still_restores(h: Harne
     old = Broker()
     old.restore(msgpack.packb([2, now, applied, topics], use_bin_type=True))
     for b in (old, h.b):
-        got = [b.topics["t"].dedup.get(key_digest(k)) for k in ("k1", "k2", "k3", "k4")]
+        got = [b.topics["t"].dedup.digests.get(key_digest(k)) for k in ("k1", "k2", "k3", "k4")]
         assert got == [1, 3, 4, None] and len(b.topics["t"].dedup) == 3
     assert state_of(old) == state_of(h.b)  # (converted: same state, maybe another layout)
     again = [{"payload": b"x", "key": k} for k in ("k1", "k3")]

@@ -296,7 +296,8 @@ class BrokerMachine(RuleBasedStateMachine):
     @rule(
         messages=st.lists(
             st.tuples(
-                st.sampled_from([None, None, "k1", "k2", "k3"]),
+                # (keys of a producer, "p-<n>", go to runs; the others are digests)
+                st.sampled_from([None, None, "k1", "k2", "k3", "p-1", "p-2", "p-3", "p-4", "q-7"]),
                 st.sampled_from([None, None, None, 500, 2500]),
                 st.sampled_from([None, "x", "x", "y"]),  # ordering key
             ),

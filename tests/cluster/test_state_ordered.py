@@ -263,13 +263,13 @@ def _version(b: Broker) -> int:
     return v
 
 
-def test_the_snapshot_is_v8_whatever_the_state_holds(h: Harness) -> None:
+def test_the_snapshot_is_v9_whatever_the_state_holds(h: Harness) -> None:
     h.topic("t")
-    assert _version(h.b) == 8
+    assert _version(h.b) == 9
     h.publish("t", b"y", ordering_key="k")
     h.advance(1)
     h("purge", topic="t")
-    assert _version(h.b) == 8 and msgpack.unpackb(h.b.snapshot())[5] is True  # keys were used
+    assert _version(h.b) == 9 and msgpack.unpackb(h.b.snapshot())[5] is True  # keys were used
 
 
 def test_an_ordered_group_carries_on_identically_after_a_restore(h: Harness) -> None:

@@ -323,7 +323,7 @@ def test_a_snapshot_with_tokens_is_an_exact_round_trip(h: Harness) -> None:
     create(h, tid="a", name="two")
     h("token_update", id="b", disabled=True)
     snap = h.b.snapshot()
-    assert msgpack.unpackb(snap)[0] == 8
+    assert msgpack.unpackb(snap)[0] == 9
     other = Broker()
     other.restore(snap)
     assert other.snapshot() == snap
@@ -338,7 +338,7 @@ def test_tokens_follow_the_topics_sorted_by_id(h: Harness) -> None:
     create(h, tid="b", name="one")
     create(h, tid="a", name="two", expires_at=5)
     version, now, applied, topics, tokens = msgpack.unpackb(h.b.snapshot())[:5]
-    assert version == 8
+    assert version == 9
     assert [now, topics] == [before[1], before[3]] and applied == before[2] + 2
     assert tokens == [
         ["a", "two", HASH, [["orders.*", ["consume", "publish"]]], False, 5, False, T0],

@@ -78,6 +78,7 @@ from raftq.cluster.errors import (
     TopicNotFound,
 )
 from raftq.cluster.grants import check_grants, check_patterns, matches
+from raftq.cluster.keys import TopicKeys
 from raftq.cluster.memdisk import MemDisk
 from raftq.cluster.msgindex import GONE, MsgIndex
 from raftq.cluster.segstore import Marks, SegmentStore, files_of
@@ -93,9 +94,12 @@ from raftq.cluster.storage import StorageError
 # ``[expires_at, 16-byte digests joined, seqs]``, ``DedupKeys.dump``: the first seq when they
 # are consecutive, else little-endian int64 bytes)
 # instead of ``[expires_at, keys, seqs]``; always written (v2-v7 are read and converted: their
-# keys are hashed, v2-v6 also their messages moved into the store).
-SNAPSHOT_VERSION = 8
-READABLE_SNAPSHOTS = (2, 3, 4, 5, 6, 7, 8)
+# keys are hashed, v2-v6 also their messages moved into the store); 9: a topic's dedup is
+# ``[v8 rows, high, legacy_until, records]`` (``TopicKeys.dump``: producers' numbered keys
+# as runs of seqs and expiries; a v8 topic's keys stay digests, asked by a miss in a record
+# until they expired).
+SNAPSHOT_VERSION = 9
+READABLE_SNAPSHOTS = (2, 3, 4, 5, 6, 7, 8, 9)
 DEFAULT_GROUP = v.DEFAULT_GROUP
 DLQ_PREFIX = "x-raftq-dlq-"
 REDRIVE_HEADER = "x-raftq-redrives"
@@ -225,10 +229,10 @@ class Topic:
         self.okeys: dict[int, str] = {}  # seq -> ordering key, for retained ones with a key
         self.count = 0
         self.groups: dict[str, Group] = {}
-        # Idempotency keys seen within the dedup window, as digests -> seq (``dedup``
-        # module: ~60 B a key, no Python object per key). They expire per publish command:
-        # one expiry row per publish (a batch of 250 costs one row, not 250).
-        self.dedup = DedupKeys()
+        # Idempotency keys seen within the dedup window -> seq (``keys.TopicKeys``:
+        # producers' numbered keys in runs, 16 B a key; the others as digests, ~50 B a key,
+        # ``dedup.DedupKeys``). No Python object per key; they expire per publish command.
+        self.dedup = TopicKeys()
         self.counters: dict[str, int] = dict.fromkeys(TOPIC_COUNTERS, 0)
         self.pinned: list[Group] = []  # groups whose pin is above the oldest retained seq
         # seq -> due of messages published with a delay that may not be due yet, so that a
@@ -1724,7 +1728,7 @@ class Broker:
         return cost + (6 * items) // 5
 
     def snapshot(self, marks: Marks | None = None) -> bytes:
-        """v8: metadata only, no payloads. ``marks``: the store's, taken by the binding
+        """v9: metadata only, no payloads. ``marks``: the store's, taken by the binding
         (``store.marks()``) under its apply lock; None takes them now.
 
         A Broker on an in-memory store (``memdisk``: no data directory) has no files another
@@ -1815,7 +1819,7 @@ class Broker:
         return marks
 
     def restore(self, data: bytes) -> None:
-        """Replace the whole state with a snapshot's. v7, v8: the store is cut back to the
+        """Replace the whole state with a snapshot's. v7-v9: the store is cut back to the
         snapshot's marks (``truncate_to``) and each topic's index rebuilt from it; v2-v6: the
         store is emptied and the snapshot's messages appended to it in seq order (so a
         converted node's files may differ from those of a node that applied the log: compare
@@ -1929,10 +1933,12 @@ class Broker:
                 row[0].append(k)
                 row[1].append(s)
             dedup = [(e, keys, seqs) for e, (keys, seqs) in by_exp.items()]
-        if version >= 8:  # [expires_at, digests, seqs] rows
-            t.dedup = DedupKeys.restore(dedup)
+        if version >= 9:  # [rows, records]
+            t.dedup = TopicKeys.restore(dedup)
+        elif version == 8:  # [expires_at, digests, seqs] rows
+            t.dedup = TopicKeys(DedupKeys.restore(dedup))
         else:  # [expires_at, keys, seqs]: the keys are hashed (the upgrade)
-            t.dedup = DedupKeys.from_keys(dedup)
+            t.dedup = TopicKeys.from_keys(dedup)
         t.counters = dict(zip(TOPIC_COUNTERS, tc, strict=True))
         for s, due in delays:
             t.publish_delays[s] = due

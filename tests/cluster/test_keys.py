@@ -1,0 +1,180 @@
+"""A topic's idempotency keys (``keys.TopicKeys``): numbered keys in runs, others as digests."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from raftq.cluster.keys import TopicKeys, numbered, slot
+
+AT = 1_700_000_000_000
+
+
+def test_numbered_keys_are_the_canonical_decimal_ones() -> None:
+    assert numbered("a1b2-9f-17") == ("a1b2-9f", 17)
+    assert numbered("-1") == ("", 1)
+    for key in ("k1", "x-", "x-0", "x-017", "x-+5", "x- 5", "x-1e3", "x-\u0663", "x-" + "9" * 19):
+        assert numbered(key) is None, key
+    assert numbered("x-" + "9" * 18) == ("x", 10**18 - 1)
+
+
+def publish(k: TopicKeys, keys: list[str], seq: int, exp: int) -> list[int | None]:
+    """What ``Broker._op_publish`` does with one command's keys: look each up, then add the
+    new ones (a key twice in the command: the first wins)."""
+    batch: dict[Any, int] = {}
+    out: list[int | None] = []
+    for key in keys:
+        tok, prior = k.lookup(key)
+        if prior is None and tok in batch:
+            prior = batch[tok]
+        if prior is None:
+            batch[tok] = seq
+            seq += 1
+        out.append(prior)
+    k.add(exp, batch)
+    return out
+
+
+def run_against_a_dict(seed: int, steps: int, restore_every: int) -> TopicKeys:
+    rnd = random.Random(seed)
+    k = TopicKeys()
+    model: dict[str, tuple[int, int]] = {}  # key -> (seq, expires_at)
+    prefixes = [f"p{i:x}-{rnd.getrandbits(16):x}" for i in range(6)]
+    counters = {p: 1 for p in prefixes}
+    sent: list[str] = []
+    seq, now = 1, AT
+    for step in range(steps):
+        now += rnd.choice([0, 1, 5, 40, 200])
+        nxt = k.next_expiry()
+        if nxt is not None and nxt <= now:  # as the Broker: only when due
+            k.expire(now)
+        model = {key: v for key, v in model.items() if v[1] > now}
+        keys: list[str] = []
+        for _ in range(rnd.choice([1, 1, 2, 5, 30])):
+            r = rnd.random()
+            if r < 0.55:  # a producer's next keys
+                p = rnd.choice(prefixes)
+                keys.append(f"{p}-{counters[p]}")
+                counters[p] += 1
+            elif r < 0.7 and sent:  # a retry (a duplicate, or a key long expired)
+                keys.append(rnd.choice(sent[-300:]))
+            elif r < 0.8:  # a producer skipping ahead, or one that restarted its count
+                p = rnd.choice(prefixes)
+                counters[p] = max(1, counters[p] + rnd.randrange(-40, 40))
+                keys.append(f"{p}-{counters[p]}")
+                counters[p] += 1
+            elif r < 0.9:  # a new client's one key
+                keys.append(f"c{rnd.getrandbits(32):x}-1")
+            else:
+                keys.append(f"k{rnd.getrandbits(20)}")
+        window = rnd.choice([100, 300, 300, 1000])
+        got = publish(k, keys, seq, now + window)
+        want: list[int | None] = []
+        for key in keys:
+            if key in model:
+                want.append(model[key][0])
+            else:
+                model[key] = (seq, now + window)
+                want.append(None)
+                seq += 1
+        assert got == want, (step, keys)
+        sent.extend(keys)
+        assert len(k) == len(model), step
+        if restore_every and step % restore_every == restore_every - 1:
+            before = k.dump()
+            k = TopicKeys.restore(before)
+            assert k.dump() == before and len(k) == len(model)
+    return k
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_keys_agree_with_a_dict(seed: int) -> None:
+    k = run_against_a_dict(seed, 1500, 0)
+    assert k.records, "some keys went to runs"
+    assert len(k.digests), "and some to digests"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_keys_agree_with_a_dict_across_restores(seed: int) -> None:
+    run_against_a_dict(100 + seed, 1500, 97)
+
+
+def test_a_producers_keys_are_runs_and_a_miss_there_is_an_answer() -> None:
+    k = TopicKeys()
+    assert publish(k, [f"p-{n}" for n in range(1, 101)], 1, AT + 10) == [None] * 100
+    assert len(k.digests) == 0 and k.nruns == 100 and k.high is None
+    rec = k.records["p"]
+    assert len(rec.runs) == 1
+    assert k.lookup("p-101") == (("p", 101), None)  # (no digest asked: a 2-tuple)
+    assert k.lookup("p-50") == (("p", 50), 50)
+    assert publish(k, ["p-101"], 101, AT + 20) == [None]  # one key: the record takes it
+    assert len(rec.runs) == 1 and rec.runs[0].live() == 101
+    assert k.expire(AT + 10) == 100 and len(k) == 1
+    assert k.lookup("p-50")[1] is None and k.lookup("p-101")[1] == 101
+    assert k.expire(AT + 20) == 1 and not k.records and len(k) == 0
+
+
+def test_one_key_clients_cost_a_digest_not_a_record() -> None:
+    k = TopicKeys()
+    publish(k, [f"c{i}-1" for i in range(50)], 1, AT + 10)  # one command, 50 clients
+    assert not k.records and len(k.digests) == 50
+    assert k.lookup("c7-1")[1] == 8
+    assert k.high is not None and max(k.high) == 1
+
+
+def test_a_records_miss_asks_the_digests_up_to_its_slots_highest_digest_key() -> None:
+    k = TopicKeys()
+    publish(k, ["p-5"], 1, AT + 100)  # alone: a digest, and high[slot("p")] = 5
+    assert k.high is not None and k.high[slot("p")] == 5
+    publish(k, ["p-6", "p-7"], 2, AT + 50)  # a record
+    assert k.lookup("p-5")[1] == 1  # found among the digests
+    tok, seq = k.lookup("p-3")
+    assert seq is None and len(tok) == 3  # asked them
+    assert k.lookup("p-8") == (("p", 8), None)  # above 5: did not
+    k.expire(AT + 50)
+    assert "p" not in k.records  # (its runs gone: the record went with them)
+    assert k.lookup("p-5")[1] == 1
+
+
+def test_a_v8_table_asks_the_digests_until_its_keys_expired() -> None:
+    k = TopicKeys()
+    publish(k, ["q-1", "q-2"], 1, AT + 100)
+    v8 = TopicKeys(k.digests)  # (as a v8 restore: digests only; here none of q's)
+    publish(v8, ["x-1"], 3, AT + 200)
+    assert v8.legacy_until == 0
+    v8 = TopicKeys(v8.digests)
+    assert v8.legacy_until == AT + 200 and v8.next_expiry() == AT + 200
+    publish(v8, ["r-1", "r-2"], 4, AT + 300)
+    assert len(v8.lookup("r-3")[0]) == 3  # asked the digests
+    v8.expire(AT + 200)
+    assert v8.legacy_until == 0 and v8.lookup("r-3") == (("r", 3), None)
+
+
+def test_a_key_again_in_an_expired_front_goes_before_that_run() -> None:
+    k = TopicKeys()
+    publish(k, [f"p-{n}" for n in range(1, 11)], 1, AT + 10)
+    publish(k, [f"p-{n}" for n in range(11, 21)], 11, AT + 20)
+    assert len(k.records["p"].runs) == 1  # (one run: the second extended the first)
+    k.expire(AT + 10)  # 1-10 gone
+    assert publish(k, ["p-3", "p-4"], 21, AT + 30) == [None, None]
+    runs = k.records["p"].runs
+    assert [(r.n0 + r.start, r.end()) for r in runs] == [(3, 5), (11, 21)]
+    assert k.lookup("p-4")[1] == 22 and k.lookup("p-12")[1] == 12 and k.lookup("p-9")[1] is None
+
+
+def test_restore_refuses_malformed_records() -> None:
+    good = TopicKeys()
+    publish(good, [f"p-{n}" for n in range(1, 4)], 1, AT + 10)
+    rows, high, legacy, recs = good.dump()
+    eight = (1).to_bytes(8, "little")
+    for bad in (
+        [["p", []]],  # no keys
+        [["p", [[1, eight, eight * 2]]]],  # seqs and expiries differ
+        [["p", [[1, eight * 2, eight * 2], [2, eight, eight]]]],  # overlapping
+        [["q", recs[0][1]], ["p", recs[0][1]]],  # prefixes out of order
+    ):
+        with pytest.raises(ValueError):
+            TopicKeys.restore([rows, high, legacy, bad])
+    assert TopicKeys.restore([rows, high, legacy, recs]).lookup("p-2")[1] == 2
