@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from raftq.cluster.keys import TopicKeys, numbered, slot
+from raftq.cluster.keys import MAX_RUNS, TopicKeys, numbered, slot
 
 AT = 1_700_000_000_000
 
@@ -37,14 +37,15 @@ def publish(k: TopicKeys, keys: list[str], seq: int, exp: int) -> list[int | Non
     return out
 
 
-def run_against_a_dict(seed: int, steps: int, restore_every: int) -> TopicKeys:
+def run_against_a_dict(seed: int, steps: int, restore_every: int) -> tuple[TopicKeys, int]:
+    """Returns the table and the most keys its runs held at once."""
     rnd = random.Random(seed)
     k = TopicKeys()
     model: dict[str, tuple[int, int]] = {}  # key -> (seq, expires_at)
     prefixes = [f"p{i:x}-{rnd.getrandbits(16):x}" for i in range(6)]
     counters = {p: 1 for p in prefixes}
     sent: list[str] = []
-    seq, now = 1, AT
+    seq, now, most = 1, AT, 0
     for step in range(steps):
         now += rnd.choice([0, 1, 5, 40, 200])
         nxt = k.next_expiry()
@@ -82,23 +83,24 @@ def run_against_a_dict(seed: int, steps: int, restore_every: int) -> TopicKeys:
         assert got == want, (step, keys)
         sent.extend(keys)
         assert len(k) == len(model), step
+        most = max(most, k.nruns)
         if restore_every and step % restore_every == restore_every - 1:
             before = k.dump()
             k = TopicKeys.restore(before)
             assert k.dump() == before and len(k) == len(model)
-    return k
+    return k, most
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_keys_agree_with_a_dict(seed: int) -> None:
-    k = run_against_a_dict(seed, 1500, 0)
-    assert k.records, "some keys went to runs"
+    k, most = run_against_a_dict(seed, 1500, 0)
+    assert most > 20, "keys went to runs"
     assert len(k.digests), "and some to digests"
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_keys_agree_with_a_dict_across_restores(seed: int) -> None:
-    run_against_a_dict(100 + seed, 1500, 97)
+    run_against_a_dict(100 + seed, 1500, 97)[0]
 
 
 def test_a_producers_keys_are_runs_and_a_miss_there_is_an_answer() -> None:
@@ -154,14 +156,34 @@ def test_a_v8_table_asks_the_digests_until_its_keys_expired() -> None:
 
 def test_a_key_again_in_an_expired_front_goes_before_that_run() -> None:
     k = TopicKeys()
-    publish(k, [f"p-{n}" for n in range(1, 11)], 1, AT + 10)
-    publish(k, [f"p-{n}" for n in range(11, 21)], 11, AT + 20)
+    publish(k, [f"p-{n}" for n in range(1, 21)], 1, AT + 10)
+    publish(k, [f"p-{n}" for n in range(21, 41)], 21, AT + 20)
     assert len(k.records["p"].runs) == 1  # (one run: the second extended the first)
-    k.expire(AT + 10)  # 1-10 gone
-    assert publish(k, ["p-3", "p-4"], 21, AT + 30) == [None, None]
+    k.expire(AT + 10)  # 1-20 gone
+    assert publish(k, [f"p-{n}" for n in range(3, 11)], 41, AT + 30) == [None] * 8
     runs = k.records["p"].runs
-    assert [(r.n0 + r.start, r.end()) for r in runs] == [(3, 5), (11, 21)]
-    assert k.lookup("p-4")[1] == 22 and k.lookup("p-12")[1] == 12 and k.lookup("p-9")[1] is None
+    assert [(r.n0 + r.start, r.end()) for r in runs] == [(3, 11), (21, 41)]
+    assert k.lookup("p-4")[1] == 42 and k.lookup("p-22")[1] == 22 and k.lookup("p-12")[1] is None
+
+
+def test_sparse_numbers_are_digests_not_a_run_each() -> None:
+    k = TopicKeys()
+    ids = list(range(1, 2000, 7))
+    for i in range(0, len(ids), 2):  # order-<id>, two a publish
+        publish(k, [f"order-{n}" for n in ids[i : i + 2]], 1 + i, AT + 10)
+    assert len(k.records["order"].runs) == 1 and k.nruns == 1  # (its first key only)
+    assert len(k.digests) == len(ids) - 1
+    assert k.lookup("order-8")[1] == 2 and k.lookup("order-9")[1] is None
+    k.expire(AT + 10)
+    assert len(k) == 0 and k.high is None  # (no numbered digest left: no bound)
+
+
+def test_a_record_holds_at_most_max_runs() -> None:
+    k = TopicKeys()
+    for r in range(MAX_RUNS + 5):  # runs of 8 with gaps between them
+        publish(k, [f"p-{100 * r + n}" for n in range(1, 9)], 1 + 8 * r, AT + 10)
+    assert len(k.records["p"].runs) == MAX_RUNS
+    assert len(k.digests) == 5 * 8 and k.lookup("p-6801")[1] == 1 + 8 * 68
 
 
 def test_restore_refuses_malformed_records() -> None:

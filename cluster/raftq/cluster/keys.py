@@ -18,7 +18,8 @@ Where a numbered key goes, and why a miss in a record is an answer:
   that publishes one message and goes away costs no record), and ``high[slot]``, the highest
   n of such keys over the prefixes of one of ``SLOTS`` slots (by CRC-32 of the prefix), is
   raised to its n; unless that is n - 1 already: a producer publishing one message at a
-  time, whose keys from the second on get a record.
+  time, whose keys from the second on get a record. So do a record's keys that would make
+  a short run out of line (``_put``: sparse numbers, as ``order-<id>``) or a run too many.
 - So a key of a prefix with a record is either in its runs or, if its n is at most
   ``high[record.slot]``, maybe among the digests; a key above that, not in the runs, is new
   without a look at the digests: a producer's next keys. (A slot shared with other prefixes
@@ -53,7 +54,9 @@ from raftq.cluster.dedup import DedupKeys, key_digest
 Token = tuple[Any, ...]
 
 MAX_DIGITS = 18  # (n < 10**18 < 2**63)
-SLOTS = 1024  # of ``high``: 8 KB a topic, once one of its numbered keys is a digest
+SLOTS = 1024  # of ``high``: 8 KB a topic while one of its numbered keys is a digest
+MIN_RUN = 8  # consecutive n that start a run of their own (a record's first run: any)
+MAX_RUNS = 64  # runs a record holds at most; keys past that are digests
 
 
 def numbered(key: str) -> tuple[str, int] | None:
@@ -148,6 +151,10 @@ class TopicKeys:
     def __len__(self) -> int:
         return len(self.digests) + self.nruns
 
+    def pieces(self) -> int:
+        """Expiry rows and runs: what a snapshot costs besides the keys (~3 us each)."""
+        return len(self.digests.heap) + len(self.runq)
+
     def lookup(self, key: str) -> tuple[Any, int | None]:
         """A token for ``add`` and the seq ``key`` published, or None."""
         prefix, dash, tail = key.rpartition("-")  # (``numbered``, inline: once a key)
@@ -184,8 +191,10 @@ class TopicKeys:
                 rec = self.records.get(prefix)
                 if rec is None and not self._alone(prefix, n, tok, seq, expires_at):
                     rec = self.records[prefix] = Record(prefix)
-                if rec is not None:
-                    self._put(prefix, rec, [(n, seq)], expires_at)
+                if rec is not None and self._put(prefix, rec, [(n, seq)], expires_at):
+                    digs1: list[tuple[int, bytes]] = []
+                    self._to_digests(prefix, [(n, seq)], digs1)
+                    self.digests.add(expires_at, {digs1[0][1]: seq})
             return
         by_prefix: dict[str, list[tuple[int, int]]] = {}
         digs: dict[bytes, int] = {}
@@ -214,15 +223,22 @@ class TopicKeys:
             s = slot(prefix)
             if n > high[s]:
                 high[s] = n
+        later: list[tuple[int, bytes]] = []  # (seq, digest) of keys _put left
         for prefix, items in by_prefix.items():
             if prefix in alone:
                 continue
             rec = records.get(prefix)
             if rec is None:
                 rec = records[prefix] = Record(prefix)
-            self._put(prefix, rec, items, expires_at)
+            left = self._put(prefix, rec, items, expires_at)
+            if left:
+                self._to_digests(prefix, left, later)
+        if later:  # (the digest table takes a publish's keys in seq order)
+            later += [(seq, d) for d, seq in digs.items()]
+            later.sort()
+            digs = {d: seq for seq, d in later}
         if digs:
-            self.digests.add(expires_at, digs)  # (in seq order, as given)
+            self.digests.add(expires_at, digs)  # (in seq order)
 
     def _alone(self, prefix: str, n: int, tok: Token, seq: int, exp: int) -> bool:
         """A publish's only key, of a prefix without a record: a digest (True), unless the
@@ -239,10 +255,17 @@ class TopicKeys:
         self.digests.add(exp, {tok[2] if len(tok) == 3 else key_digest(f"{prefix}-{n}"): seq})
         return True
 
-    def _put(self, prefix: str, rec: Record, items: list[tuple[int, int]], exp: int) -> None:
+    def _put(
+        self, prefix: str, rec: Record, items: list[tuple[int, int]], exp: int
+    ) -> list[tuple[int, int]]:
+        """Keys of ``prefix`` (n, seq) into its record's runs; returns those left for the
+        digests: a stretch of fewer than ``MIN_RUN`` consecutive n that does not continue
+        the last run, or any once the record holds ``MAX_RUNS`` runs (sparse numbers, as
+        ``order-<id>``, would otherwise cost a run, ~500 B, a key)."""
         if len(items) > 1:
             items.sort()
         runs = rec.runs
+        left: list[tuple[int, int]] = []
         i, m = 0, len(items)
         while i < m:
             if items[-1][0] - items[i][0] == m - 1 - i:  # (the rest consecutive: the usual)
@@ -255,6 +278,10 @@ class TopicKeys:
             last = runs[-1] if runs else None
             if last is not None and last.end() == n0 and last.exps[-1] <= exp:
                 run = last
+            elif runs and (j - i < MIN_RUN or len(runs) >= MAX_RUNS):
+                left += items[i:j]
+                i = j
+                continue
             else:
                 run = Run(n0)
                 if last is None or n0 >= last.end():
@@ -277,6 +304,21 @@ class TopicKeys:
                 run.exps.extend(array("q", [exp]) * (j - i))
             self.nruns += j - i
             i = j
+        return left
+
+    def _to_digests(
+        self, prefix: str, left: list[tuple[int, int]], digs: list[tuple[int, bytes]]
+    ) -> None:
+        """Numbered keys of ``prefix`` for the digest table: their digests onto ``digs``
+        (seq, digest), its slot of ``high`` raised past them."""
+        high = self.high
+        if high is None:
+            high = self.high = array("q", bytes(8 * SLOTS))
+        s = slot(prefix)
+        for n, seq in left:
+            digs.append((seq, key_digest(f"{prefix}-{n}")))
+            if n > high[s]:
+                high[s] = n
 
     def next_expiry(self) -> int | None:
         due = [self.runq[0][0]] if self.runq else []
@@ -290,6 +332,8 @@ class TopicKeys:
     def expire(self, now: int) -> int:
         """Drop the keys due at ``now``; returns how many."""
         gone = self.digests.expire(now)
+        if self.high is not None and not len(self.digests):
+            self.high = None  # (no numbered key among the digests: no bound needed)
         q = self.runq
         while q and q[0][0] <= now:
             _, _, run, prefix = heapq.heappop(q)
