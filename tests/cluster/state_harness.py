@@ -11,6 +11,7 @@ from typing import Any
 import msgpack
 
 from raftq.cluster.dedup import ENTRY, key_digest
+from raftq.cluster.keys import _expand
 from raftq.cluster.msgindex import GONE
 from raftq.cluster.state import Broker, _age_due
 
@@ -239,12 +240,11 @@ def legacy_dedup(dumped: Any) -> list[Any]:
         out.append([exp, keys, seqs])
     by_exp: dict[int, tuple[list[str], list[int]]] = {}
     for prefix, runs in recs:
-        for n0, raw_seqs, raw_exps in runs:
-            for j in range(len(raw_seqs) // 8):
-                exp = int.from_bytes(raw_exps[j * 8 : j * 8 + 8], "little")
+        for n0, seqs, exps in runs:
+            for j, (seq, exp) in enumerate(zip(_expand(seqs, 1), _expand(exps, 0), strict=True)):
                 row = by_exp.setdefault(exp, ([], []))
                 row[0].append(f"{prefix}-{n0 + j}")
-                row[1].append(int.from_bytes(raw_seqs[j * 8 : j * 8 + 8], "little"))
+                row[1].append(seq)
     out += [[exp, keys, seqs] for exp, (keys, seqs) in by_exp.items()]
     return out
 

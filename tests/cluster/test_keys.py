@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
+from array import array
 from typing import Any
 
 import pytest
 
-from raftq.cluster.keys import MAX_RUNS, TopicKeys, numbered, slot
+from raftq.cluster.keys import MAX_RUNS, TopicKeys, _expand, _stretches, numbered, slot
 
 AT = 1_700_000_000_000
 
@@ -200,3 +201,23 @@ def test_restore_refuses_malformed_records() -> None:
         with pytest.raises(ValueError):
             TopicKeys.restore([rows, high, legacy, bad])
     assert TopicKeys.restore([rows, high, legacy, recs]).lookup("p-2")[1] == 2
+
+
+def test_runs_snapshot_as_stretches_when_few_else_bytes() -> None:
+    rnd = random.Random(3)
+    for _ in range(300):
+        step = rnd.choice([0, 1])
+        a = array("q")
+        v = rnd.randrange(1, 1000)
+        for _ in range(rnd.randrange(1, 8)):  # stretches, sometimes going back (any array)
+            v += rnd.choice([1, 2, 50, -3]) if step else rnd.choice([0, 1, 7])
+            k = rnd.choice([1, 5, 100, 400])
+            a.extend(range(v, v + k) if step else [v] * k)
+        lo = rnd.randrange(len(a))
+        got = _stretches(a, lo, step)
+        assert _expand(got, step) == a[lo:]
+        if isinstance(got, list):
+            assert len(got) <= 2 * max(1, (len(a) - lo) // 64)
+    seqs = array("q", range(5, 1005))
+    assert _stretches(seqs, 0, 1) == [5, 1000] and _stretches(seqs, 10, 1) == [15, 990]
+    assert isinstance(_stretches(array("q", range(0, 2000, 2)), 0, 1), bytes)

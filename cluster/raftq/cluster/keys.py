@@ -110,6 +110,53 @@ def _drop_front(run: Run) -> None:
     run.seqs, run.exps, run.start = run.seqs[run.start :], run.exps[run.start :], 0
 
 
+def _stretches(a: array[int], lo: int, step: int) -> list[int] | bytes:
+    """``a[lo:]`` as ``[first, count, ...]``: stretches whose values go up by ``step`` (1:
+    seqs) or stay (0: expiries, never decreasing), when there are at most 1/64 as many as
+    values; else its little-endian bytes. Found by bisection (``a[i] - step * i`` never
+    decreases where the stretches hold) and checked against ``a``, so any array is right."""
+    hi = len(a)
+    out: list[int] = []
+    limit = max(1, (hi - lo) // 64)  # (a bisection ~2-4 us: a stretch must pay for itself)
+    index = range(hi)
+
+    def level(i: int) -> int:
+        return a[i] - step * i
+
+    k = lo
+    while k < hi and len(out) < 2 * limit:
+        e = bisect_right(index, level(k), lo=k, hi=hi, key=level)
+        out += (a[k], e - k)
+        k = e
+    if k == hi and _expand(out, step) == a[lo:]:
+        return out
+    raw = a[lo:]
+    if sys.byteorder != "little":
+        raw.byteswap()
+    return raw.tobytes()
+
+
+def _expand(x: Any, step: int) -> array[int]:
+    """``_stretches`` back into an array (ValueError on a malformed one)."""
+    out = array("q")
+    if isinstance(x, bytes):
+        out.frombytes(x)
+        if sys.byteorder != "little":
+            out.byteswap()
+        return out
+    if len(x) % 2:
+        raise ValueError("dedup records: stretches come in pairs")
+    for j in range(0, len(x), 2):
+        first, count = x[j], x[j + 1]
+        if type(count) is not int or count < 1:
+            raise ValueError("dedup records: a stretch without values")
+        if step:
+            out.extend(range(first, first + count))
+        else:
+            out.extend(array("q", [first]) * count)
+    return out
+
+
 class Record:
     """One prefix's runs, in n order."""
 
@@ -360,18 +407,18 @@ class TopicKeys:
     def dump(self) -> list[Any]:
         """``[digest rows, high, legacy_until, records]`` (snapshot v9): ``DedupKeys.dump``
         rows; ``[[slot, n], ...]`` of the slots above 0; then per prefix in order
-        ``[prefix, runs]``, a run ``[first n, seqs, expiries]`` (little-endian int64 bytes,
-        the live keys only)."""
+        ``[prefix, runs]``, a run ``[first n, seqs, expiries]`` of its live keys, each a
+        flat list of stretches (``[first seq, count, ...]``: consecutive seqs;
+        ``[expiry, count, ...]``: one expiry) when they are few, else little-endian int64
+        bytes: a producer's keys cost a few bytes a publish, not 16 a key."""
         high = [] if self.high is None else [[s, n] for s, n in enumerate(self.high) if n]
         recs = []
         for prefix in sorted(self.records):
             runs = []
             for r in self.records[prefix].runs:
-                seqs, exps = r.seqs[r.start :], r.exps[r.start :]
-                if sys.byteorder != "little":
-                    seqs.byteswap()
-                    exps.byteswap()
-                runs.append([r.n0 + r.start, seqs.tobytes(), exps.tobytes()])
+                runs.append(
+                    [r.n0 + r.start, _stretches(r.seqs, r.start, 1), _stretches(r.exps, r.start, 0)]
+                )
             recs.append([prefix, runs])
         return [self.digests.dump(), high, self.legacy_until, recs]
 
@@ -393,13 +440,10 @@ class TopicKeys:
             if not runs:
                 raise ValueError("dedup records: a record without keys")
             rec = k.records[prefix] = Record(prefix)
-            for n0, raw_seqs, raw_exps in runs:
+            for n0, seqs, exps in runs:
                 run = Run(int(n0))
-                run.seqs.frombytes(raw_seqs)
-                run.exps.frombytes(raw_exps)
-                if sys.byteorder != "little":
-                    run.seqs.byteswap()
-                    run.exps.byteswap()
+                run.seqs = _expand(seqs, 1)
+                run.exps = _expand(exps, 0)
                 if not run.seqs or len(run.seqs) != len(run.exps):
                     raise ValueError("dedup records: a run's seqs and expiries differ")
                 if rec.runs and run.n0 < rec.runs[-1].end():

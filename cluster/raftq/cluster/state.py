@@ -1712,7 +1712,7 @@ class Broker:
     def snapshot_cost(self) -> int:
         """About how long ``snapshot`` takes, in microseconds (measured on the 2-core box,
         ``bench/snapshot_cost.py``: ~1.2 us an in-flight, held, delayed or skipped delivery or
-        delayed or ordered message, ~0.02 an idempotency key and ~3 an expiry row of them (one
+        delayed or ordered message, ~0.02-0.08 an idempotency key and ~3 an expiry row of them (one
         a publish at worst), ~0.006 a retained message; high
         rather than low: garbage collections make the first kind cost 0.3-1.2 us), so
         the binding can serialize a light state in place instead of forking a writer. Walks
@@ -1721,7 +1721,7 @@ class Broker:
         cost = 100 + 2 * len(self._tokens)
         for t in self.topics.values():
             items += len(t.okeys) + len(t.publish_delays)
-            cost += 20 + len(t.dedup) // 50 + 3 * t.dedup.pieces() + t.count // 150
+            cost += 20 + len(t.dedup) // 12 + 3 * t.dedup.pieces() + t.count // 150
             for g in t.groups.values():
                 items += len(g.skip) + len(g.held) + len(g.inflight) + len(g.delayed)
                 items += len(g.first) + len(g.ready)
