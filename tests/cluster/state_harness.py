@@ -206,8 +206,16 @@ def check_keys(k: Any, now: int) -> None:
         for a, b in zip(rec.runs, rec.runs[1:], strict=False):
             assert a.end() <= b.n0
         for r in rec.runs:
-            assert 0 <= r.start < len(r.seqs) == len(r.exps)
-            assert list(r.exps) == sorted(r.exps) and r.exps[r.start] > now
+            assert 0 <= r.start < r.cnt
+            assert len(r.sidx) == len(r.svals) and len(r.eidx) == len(r.evals)
+            assert r.sidx[0] == r.eidx[0] == 0
+            assert list(r.sidx) == sorted(set(r.sidx)) and list(r.eidx) == sorted(set(r.eidx))
+            assert r.sidx[-1] < r.cnt and r.eidx[-1] < r.cnt
+            assert list(r.evals) == sorted(set(r.evals)) and r.front_expiry() > now
+            assert r.lexp == r.evals[-1] and r.nseq == r.seq(r.cnt - 1) + 1
+            # maximal stretches: each one breaks its predecessor's run of seqs
+            for m in range(1, len(r.sidx)):
+                assert r.svals[m] != r.svals[m - 1] + r.sidx[m] - r.sidx[m - 1]
             live += r.live()
     assert live == k.nruns
 
@@ -221,8 +229,8 @@ def dedup_held(k: Any) -> list[tuple[bytes, int]]:
         held += [(bytes(blob[i * 16 : i * 16 + 16]), s) for i, s in enumerate(got)]
     for prefix, rec in k.records.items():
         for r in rec.runs:
-            for j in range(r.start, len(r.seqs)):
-                held.append((key_digest(f"{prefix}-{r.n0 + j}"), r.seqs[j]))
+            for j in range(r.start, r.cnt):
+                held.append((key_digest(f"{prefix}-{r.n0 + j}"), r.seq(j)))
     return sorted(held)
 
 

@@ -7,6 +7,7 @@ from array import array
 from typing import Any
 
 import pytest
+from state_harness import check_keys  # type: ignore[import-not-found]
 
 from raftq.cluster.keys import MAX_RUNS, TopicKeys, _expand, _stretches, numbered, slot
 
@@ -84,6 +85,7 @@ def run_against_a_dict(seed: int, steps: int, restore_every: int) -> tuple[Topic
         assert got == want, (step, keys)
         sent.extend(keys)
         assert len(k) == len(model), step
+        check_keys(k, now)  # (runs' stretches maximal and in order, nruns counted)
         most = max(most, k.nruns)
         if restore_every and step % restore_every == restore_every - 1:
             before = k.dump()

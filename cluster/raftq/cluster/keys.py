@@ -4,8 +4,10 @@ The clients make keys ``<producer id>-<epoch>-<n>`` (``Producer.key``), n counti
 for each client instance, so a topic's keys mostly come as runs of consecutive n from a few
 prefixes. ``TopicKeys`` keeps such a key (any key ``<prefix>-<n>``, n in canonical decimal:
 ASCII digits, no leading zero, at most 18 of them, so the string and the pair map one to one)
-as a slot in a ``Run`` of its prefix's ``Record``: its seq and its expiry, two array items,
-16 bytes, with no digest to compute and no bucket to fetch. Keys of other shapes go to the
+as a slot in a ``Run`` of its prefix's ``Record``, with no digest to compute and no bucket
+to fetch; a run holds seqs and expiries as stretches (consecutive seqs, one expiry), so a
+producer's keys cost a few bytes a publish, 16 a key at most when its publishes interleave
+with others' one key at a time. Keys of other shapes go to the
 digest table (``dedup.DedupKeys``), as before. (With the digest table alone a keyed publish
 spent ~1 us a key a node, a third of the cluster's busy CPU in a pipelined publish, and ~50 B
 a key; PERF.md.)
@@ -29,12 +31,12 @@ Where a numbered key goes, and why a miss in a record is an answer:
   the last of them expires (``legacy_until``) a miss in a record asks the digests too. (A
   v3-v7 snapshot has the keys themselves: their numbered ones raise ``high``.)
 
-A run holds consecutive n (``n0`` on) whose expiries never decrease, so expiring one cuts
-its front (``start``); runs of a prefix are in n order and never overlap, expired fronts
-included; a key out of order (a retry of an older publish that never applied) or a shorter
-window starts another run. Runs are found through a heap of (front expiry, serial, run), one
-entry per run. Deterministic: what is kept where depends only on the commands applied; a
-snapshot (``dump``) lists records by prefix, runs by n.
+A run holds consecutive n (``n0`` on) whose expiries never decrease, so expiring cuts its
+front (``start``) at an expiry stretch; runs of a prefix are in n order and never overlap,
+expired fronts included; a key out of order (a retry of an older publish that never
+applied) or a shorter window starts another run. Runs are found through a heap of (front
+expiry, serial, run), one entry per run. Deterministic: what is kept where depends only on
+the commands applied; a snapshot (``dump``) lists records by prefix, runs by n.
 """
 
 from __future__ import annotations
@@ -80,34 +82,134 @@ def slot(prefix: str) -> int:
 
 
 class Run:
-    """Keys ``n0 + start`` .. ``n0 + len(seqs) - 1`` of one prefix: their seqs and expiries
-    (non-decreasing)."""
+    """Keys ``n0 + start`` .. ``n0 + cnt - 1`` of one prefix: their seqs and expiries as
+    *stretches*, so a producer's keys cost a few bytes a publish, not 16 a key. Key ``n0 + i``
+    has seq ``svals[k] + i - sidx[k]``, k the last stretch with ``sidx[k] <= i`` (a stretch:
+    consecutive seqs), and expiry ``evals[k]``, k the last with ``eidx[k] <= i`` (expiries
+    never decrease, so ``evals`` goes up). A stretch starts only where the previous one does
+    not continue (maximal: the same keys make the same arrays on every replica)."""
 
-    __slots__ = ("exps", "n0", "seqs", "start")
+    __slots__ = ("cnt", "eidx", "evals", "lexp", "n0", "nseq", "sidx", "start", "svals")
 
     def __init__(self, n0: int) -> None:
         self.n0 = n0
+        self.cnt = 0  # keys, the expired front (before ``start``) included
         self.start = 0
-        self.seqs = array("q")
-        self.exps = array("q")
+        self.sidx = array("q")
+        self.svals = array("q")
+        self.eidx = array("q")
+        self.evals = array("q")
+        self.nseq = -1  # the seq that continues the last stretch (seqs are >= 1)
+        self.lexp = -1  # the last key's expiry
 
     def end(self) -> int:
         """The n after its last."""
-        return self.n0 + len(self.seqs)
+        return self.n0 + self.cnt
 
     def live(self) -> int:
-        return len(self.seqs) - self.start
+        return self.cnt - self.start
+
+    def append(self, seq: int, exp: int) -> None:
+        """The next key's seq and expiry (``exp`` at least ``lexp``)."""
+        i = self.cnt
+        if seq != self.nseq:
+            self.sidx.append(i)
+            self.svals.append(seq)
+        self.nseq = seq + 1
+        if exp != self.lexp:
+            self.eidx.append(i)
+            self.evals.append(exp)
+            self.lexp = exp
+        self.cnt = i + 1
+
+    def extend(self, seqs: list[int], exp: int) -> None:
+        """The next keys' seqs, one expiry (at least ``lexp``)."""
+        i, m, s0 = self.cnt, len(seqs), seqs[0]
+        if seqs == list(range(s0, s0 + m)):  # (a publish's keys: consecutive seqs, the usual)
+            if s0 != self.nseq:
+                self.sidx.append(i)
+                self.svals.append(s0)
+            self.nseq = s0 + m
+        else:
+            nseq = self.nseq
+            for j, seq in enumerate(seqs, i):
+                if seq != nseq:
+                    self.sidx.append(j)
+                    self.svals.append(seq)
+                nseq = seq + 1
+            self.nseq = nseq
+        if exp != self.lexp:
+            self.eidx.append(i)
+            self.evals.append(exp)
+            self.lexp = exp
+        self.cnt = i + m
+
+    def seq(self, i: int) -> int:
+        """Key ``n0 + i``'s seq."""
+        sidx = self.sidx
+        k = len(sidx) - 1 if i >= sidx[-1] else bisect_right(sidx, i) - 1
+        return self.svals[k] + i - sidx[k]
+
+    def front_expiry(self) -> int:
+        return self.evals[bisect_right(self.eidx, self.start) - 1]
+
+    def stretches(self, step: int) -> tuple[list[int], int]:
+        """The live keys' ``[first, count, ...]``: seqs (``step`` 1) or expiries (0), and
+        the index of the first live stretch."""
+        idx, vals = (self.sidx, self.svals) if step else (self.eidx, self.evals)
+        s, cnt = self.start, self.cnt
+        k = bisect_right(idx, s) - 1
+        out = [vals[k] + step * (s - idx[k])]
+        for m in range(k + 1, len(idx)):
+            out += (idx[m] - max(idx[m - 1], s), vals[m])
+        out.append(cnt - max(idx[-1], s))
+        return out, k
+
+    def mostly_dead(self, ke: int) -> bool:
+        """Are most of its stretches expired (``ke``: the expiry stretches before ``start``)?"""
+        sidx = self.sidx
+        if ke > 16 and 2 * ke > len(self.evals):
+            return True
+        return len(sidx) > 32 and 2 * bisect_right(sidx, self.start) > len(sidx)
+
+    def drop_front(self) -> None:
+        """Forget the expired front (its n, too: a key there may come again, in a run of its
+        own before this one)."""
+        s = self.start
+        if not s:
+            return
+        sidx, eidx = self.sidx, self.eidx
+        if s >= self.cnt:  # (nothing live: no stretches; lexp stays, expiries never go back)
+            for name in ("sidx", "svals", "eidx", "evals"):
+                setattr(self, name, array("q"))
+            self.nseq = -1
+        else:
+            k = bisect_right(sidx, s) - 1
+            first = self.svals[k] + s - sidx[k]
+            self.sidx = array("q", [0, *(i - s for i in sidx[k + 1 :])])
+            self.svals = array("q", [first]) + self.svals[k + 1 :]
+            k = bisect_right(eidx, s) - 1
+            self.eidx = array("q", [0, *(i - s for i in eidx[k + 1 :])])
+            self.evals = self.evals[k:]
+        self.n0 += s
+        self.cnt -= s
+        self.start = 0
 
 
 def _n0(run: Run) -> int:
     return run.n0
 
 
-def _drop_front(run: Run) -> None:
-    """Forget a run's expired front (its n, too: a key there may come again, in a run of
-    its own before this one)."""
-    run.n0 += run.start
-    run.seqs, run.exps, run.start = run.seqs[run.start :], run.exps[run.start :], 0
+def _dumped(out: list[int], live: int, step: int) -> list[int] | bytes:
+    """Stretches ``[first, count, ...]`` of ``live`` values as a snapshot holds them: the
+    list when there are at most 1/64 as many stretches as values, else the values'
+    little-endian int64 bytes (what ``_stretches`` makes of the same values)."""
+    if len(out) // 2 <= max(1, live // 64):
+        return out
+    raw = _expand(out, step)
+    if sys.byteorder != "little":
+        raw.byteswap()
+    return raw.tobytes()
 
 
 def _stretches(a: array[int], lo: int, step: int) -> list[int] | bytes:
@@ -175,8 +277,8 @@ class Record:
                 return None
             r = runs[i]
         j = n - r.n0
-        if r.start <= j < len(r.seqs):
-            return r.seqs[j]
+        if r.start <= j < r.cnt:
+            return r.seq(j)
         return None
 
 
@@ -218,9 +320,11 @@ class TopicKeys:
         n = int(tail)
         rec = self.records.get(prefix)
         if rec is not None:
-            seq = rec.find(n)
-            if seq is not None:
-                return (prefix, n), seq
+            r = rec.runs[-1]
+            if n < r.n0 + r.cnt:  # (else past its last run: a producer's next key, the usual)
+                seq = rec.find(n)
+                if seq is not None:
+                    return (prefix, n), seq
             high = self.high
             if not self.legacy_until and (high is None or n > high[rec.slot]):
                 return (prefix, n), None
@@ -237,6 +341,12 @@ class TopicKeys:
                     return
                 prefix, n = tok[0], tok[1]
                 rec = self.records.get(prefix)
+                if rec is not None:  # (what _put does with the usual one: the next key)
+                    last = rec.runs[-1]
+                    if last.n0 + last.cnt == n and last.lexp <= expires_at:
+                        last.append(seq, expires_at)
+                        self.nruns += 1
+                        return
                 if rec is None and not self._alone(prefix, n, tok, seq, expires_at):
                     rec = self.records[prefix] = Record(prefix)
                 if rec is not None and self._put(prefix, rec, [(n, seq)], expires_at):
@@ -324,7 +434,7 @@ class TopicKeys:
                     j += 1
             n0 = items[i][0]
             last = runs[-1] if runs else None
-            if last is not None and last.end() == n0 and last.exps[-1] <= exp:
+            if last is not None and last.end() == n0 and last.lexp <= exp:
                 run = last
             elif runs and (j - i < MIN_RUN or len(runs) >= MAX_RUNS):
                 left += items[i:j]
@@ -340,16 +450,14 @@ class TopicKeys:
                     k = bisect_right(runs, n0, key=_n0)
                     for r in runs[max(k - 1, 0) : k + 1]:
                         if r.n0 < n0 + j - i and n0 < r.end():
-                            _drop_front(r)
+                            r.drop_front()
                     insort(runs, run, key=_n0)
                 self.serial += 1
                 heapq.heappush(self.runq, (exp, self.serial, run, prefix))
             if j - i == 1:
-                run.seqs.append(items[i][1])
-                run.exps.append(exp)
+                run.append(items[i][1], exp)
             else:
-                run.seqs.extend([s for _, s in items[i:j]])
-                run.exps.extend(array("q", [exp]) * (j - i))
+                run.extend([s for _, s in items[i:j]], exp)
             self.nruns += j - i
             i = j
         return left
@@ -385,15 +493,17 @@ class TopicKeys:
         q = self.runq
         while q and q[0][0] <= now:
             _, _, run, prefix = heapq.heappop(q)
-            cut = bisect_right(run.exps, now, lo=run.start)
+            evals = run.evals
+            k = bisect_right(evals, now)  # (the first stretch due later)
+            cut = run.eidx[k] if k < len(evals) else run.cnt
             gone += cut - run.start
             self.nruns -= cut - run.start
             run.start = cut
-            if cut < len(run.seqs):
-                if cut > 64 and 2 * cut > len(run.seqs):  # (the dead front is most of it)
-                    _drop_front(run)
+            if cut < run.cnt:
+                if run.mostly_dead(k):
+                    run.drop_front()
                 self.serial += 1
-                heapq.heappush(q, (run.exps[run.start], self.serial, run, prefix))
+                heapq.heappush(q, (run.front_expiry(), self.serial, run, prefix))
                 continue
             rec = self.records[prefix]
             rec.runs.remove(run)
@@ -417,9 +527,9 @@ class TopicKeys:
         for prefix in sorted(self.records):
             runs = []
             for r in self.records[prefix].runs:
-                runs.append(
-                    [r.n0 + r.start, _stretches(r.seqs, r.start, 1), _stretches(r.exps, r.start, 0)]
-                )
+                live = r.live()
+                seqs, exps = r.stretches(1)[0], r.stretches(0)[0]
+                runs.append([r.n0 + r.start, _dumped(seqs, live, 1), _dumped(exps, live, 0)])
             recs.append([prefix, runs])
         return [self.digests.dump(), high, self.legacy_until, recs]
 
@@ -442,17 +552,13 @@ class TopicKeys:
                 raise ValueError("dedup records: a record without keys")
             rec = k.records[prefix] = Record(prefix)
             for n0, seqs, exps in runs:
-                run = Run(int(n0))
-                run.seqs = _expand(seqs, 1)
-                run.exps = _expand(exps, 0)
-                if not run.seqs or len(run.seqs) != len(run.exps):
-                    raise ValueError("dedup records: a run's seqs and expiries differ")
+                run = _run_of(int(n0), seqs, exps)
                 if rec.runs and run.n0 < rec.runs[-1].end():
                     raise ValueError("dedup records: runs overlap")
                 rec.runs.append(run)
-                k.nruns += len(run.seqs)
+                k.nruns += run.cnt
                 k.serial += 1
-                k.runq.append((run.exps[0], k.serial, run, prefix))
+                k.runq.append((run.evals[0], k.serial, run, prefix))
         heapq.heapify(k.runq)
         return k
 
@@ -477,10 +583,59 @@ class TopicKeys:
     def nbytes(self) -> int:
         """Bytes held, about (``sys.getsizeof`` of the structures)."""
         runs = sum(
-            sys.getsizeof(r.seqs) + sys.getsizeof(r.exps) + 80
+            sum(map(sys.getsizeof, (r.sidx, r.svals, r.eidx, r.evals))) + 120
             for rec in self.records.values()
             for r in rec.runs
         )
         recs = sum(sys.getsizeof(p) + 120 for p in self.records)
         high = 0 if self.high is None else sys.getsizeof(self.high)
         return self.digests.nbytes() + runs + recs + high + sys.getsizeof(self.runq) * 2
+
+
+def _run_of(n0: int, seqs: Any, exps: Any) -> Run:
+    """A run from a snapshot's ``[first n, seqs, expiries]`` (stretches or bytes); ValueError
+    on a malformed one (counts that differ, expiries that go back)."""
+    run = Run(n0)
+    if isinstance(seqs, bytes) or isinstance(exps, bytes):
+        vals, ends = _expand(seqs, 1), _expand(exps, 0)
+        if not vals or len(vals) != len(ends):
+            raise ValueError("dedup records: a run's seqs and expiries differ")
+        for seq, exp in zip(vals, ends, strict=True):
+            if exp < run.lexp:
+                raise ValueError("dedup records: a run's expiries go back")
+            run.append(seq, exp)
+        return run
+    sc, ec = _counted(seqs), _counted(exps)
+    if not sc or sc != ec:
+        raise ValueError("dedup records: a run's seqs and expiries differ")
+    for j in range(0, len(seqs), 2):
+        first, count = seqs[j], seqs[j + 1]
+        if first != run.nseq:
+            run.sidx.append(run.cnt)
+            run.svals.append(first)
+        run.nseq = first + count
+        run.cnt += count
+    i = 0
+    for j in range(0, len(exps), 2):
+        exp, count = exps[j], exps[j + 1]
+        if exp < run.lexp:
+            raise ValueError("dedup records: a run's expiries go back")
+        if exp != run.lexp:
+            run.eidx.append(i)
+            run.evals.append(exp)
+            run.lexp = exp
+        i += count
+    return run
+
+
+def _counted(x: Any) -> int:
+    """The values of a list of stretches (ValueError on a malformed one)."""
+    if not isinstance(x, list | tuple) or len(x) % 2:
+        raise ValueError("dedup records: stretches come in pairs")
+    total = 0
+    for j in range(1, len(x), 2):
+        count = x[j]
+        if type(count) is not int or count < 1 or type(x[j - 1]) is not int:
+            raise ValueError("dedup records: a stretch without values")
+        total += count
+    return total
