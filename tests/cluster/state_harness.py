@@ -11,7 +11,7 @@ from typing import Any
 import msgpack
 
 from raftq.cluster.dedup import ENTRY, key_digest
-from raftq.cluster.keys import _expand
+from raftq.cluster.keys import DenseRun, _expand
 from raftq.cluster.msgindex import GONE
 from raftq.cluster.state import Broker, _age_due
 
@@ -207,6 +207,12 @@ def check_keys(k: Any, now: int) -> None:
             assert a.end() <= b.n0
         for r in rec.runs:
             assert 0 <= r.start < r.cnt
+            if isinstance(r, DenseRun):  # (an item a key)
+                assert len(r.svals) == len(r.evals) == r.cnt and not r.sidx and not r.eidx
+                assert list(r.evals) == sorted(r.evals) and r.evals[r.start] > now
+                assert r.lexp == r.evals[-1] and r.nseq == r.svals[-1] + 1
+                live += r.live()
+                continue
             assert len(r.sidx) == len(r.svals) and len(r.eidx) == len(r.evals)
             assert r.sidx[0] == r.eidx[0] == 0
             assert list(r.sidx) == sorted(set(r.sidx)) and list(r.eidx) == sorted(set(r.eidx))

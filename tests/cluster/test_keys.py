@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from state_harness import check_keys  # type: ignore[import-not-found]
 
+from raftq.cluster import keys
 from raftq.cluster.keys import MAX_RUNS, TopicKeys, _expand, _stretches, numbered, slot
 
 AT = 1_700_000_000_000
@@ -104,6 +105,54 @@ def test_the_keys_agree_with_a_dict(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_the_keys_agree_with_a_dict_across_restores(seed: int) -> None:
     run_against_a_dict(100 + seed, 1500, 97)[0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_keys_agree_with_a_dict_when_runs_turn_dense_and_back(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(keys, "DENSE_FROM", 0)  # (a run with a few stretches turns dense)
+    turned = {"dense": 0, "back": 0}  # (counted, as a mutation's witness)
+    densify, drop = keys.Run._densify, keys.DenseRun.drop_front
+
+    def count_densify(run: keys.Run) -> None:
+        turned["dense"] += 1
+        densify(run)
+
+    def count_drop(run: keys.DenseRun) -> None:
+        drop(run)
+        turned["back"] += type(run) is keys.Run
+
+    monkeypatch.setattr(keys.Run, "_densify", count_densify)
+    monkeypatch.setattr(keys.DenseRun, "drop_front", count_drop)
+    run_against_a_dict(200 + seed, 1500, 97 if seed % 2 else 0)
+    assert turned["dense"], turned  # (and back: the test below)
+
+
+def test_interleaved_one_key_publishes_make_a_dense_run_and_batches_stretch_again() -> None:
+    k = TopicKeys()
+    seq = 1
+    for i in range(1, 2001):  # two producers, a key a publish, each publish its own expiry
+        for p in ("a-1", "b-1"):
+            assert publish(k, [f"{p}-{i}"], seq, AT + 2 * seq) == [None]
+            seq += 1
+    run = k.records["a-1"].runs[0]
+    assert type(run) is keys.DenseRun and run.live() == 1999  # (key 1 alone: a digest)
+    assert 16 <= k.nbytes() / len(k) < 20  # (an item a key: as before stretches)
+    dumped = k.dump()
+    assert TopicKeys.restore(dumped).dump() == dumped and isinstance(dumped[3][0][1][0][1], bytes)
+    first = seq
+    for i in range(2001, 3001, 100):  # then "a" alone, in batches of 100, one expiry each
+        batch = [f"a-1-{j}" for j in range(i, i + 100)]
+        assert publish(k, batch, seq, AT + 10_000 + i) == [None] * 100
+        seq += 100
+    # The one-key publishes expire: most of the dense run, dropped; the rest stretches.
+    assert k.expire(AT + 10_000) == 4000
+    run = k.records["a-1"].runs[0]
+    assert type(run) is keys.Run and run.live() == 1000
+    assert len(run.sidx) == 1 and len(run.evals) == 10
+    assert k.lookup("a-1-2001")[1] == first and k.lookup("a-1-3000")[1] == seq - 1
+    assert k.lookup("a-1-2000")[1] is None and k.lookup("a-1-3001")[1] is None
 
 
 def test_a_producers_keys_are_runs_and_a_miss_there_is_an_answer() -> None:

@@ -47,6 +47,8 @@ import zlib
 from array import array
 from bisect import bisect_right, insort
 from collections.abc import Mapping
+from itertools import chain, compress, islice, repeat
+from operator import add, gt, ne, sub
 from typing import Any
 
 from raftq.cluster.dedup import DedupKeys, key_digest
@@ -59,6 +61,7 @@ MAX_DIGITS = 18  # (n < 10**18 < 2**63)
 SLOTS = 1024  # of ``high``: 8 KB a topic while one of its numbered keys is a digest
 MIN_RUN = 8  # consecutive n that start a run of their own (a record's first run: any)
 MAX_RUNS = 64  # runs a record holds at most; keys past that are digests
+DENSE_FROM = 64  # a run with more stretches than this + half its keys turns dense
 
 
 def numbered(key: str) -> tuple[str, int] | None:
@@ -87,7 +90,9 @@ class Run:
     has seq ``svals[k] + i - sidx[k]``, k the last stretch with ``sidx[k] <= i`` (a stretch:
     consecutive seqs), and expiry ``evals[k]``, k the last with ``eidx[k] <= i`` (expiries
     never decrease, so ``evals`` goes up). A stretch starts only where the previous one does
-    not continue (maximal: the same keys make the same arrays on every replica)."""
+    not continue (maximal: the same keys make the same arrays on every replica). A run whose
+    keys hardly make stretches (producers publishing one key at a time, interleaved, each in
+    an entry of its own) turns into a ``DenseRun``, and back once its keys stretch again."""
 
     __slots__ = ("cnt", "eidx", "evals", "lexp", "n0", "nseq", "sidx", "start", "svals")
 
@@ -112,19 +117,25 @@ class Run:
     def append(self, seq: int, exp: int) -> None:
         """The next key's seq and expiry (``exp`` at least ``lexp``)."""
         i = self.cnt
+        self.cnt = i + 1
+        grew = False
         if seq != self.nseq:
             self.sidx.append(i)
             self.svals.append(seq)
+            grew = True
         self.nseq = seq + 1
         if exp != self.lexp:
             self.eidx.append(i)
             self.evals.append(exp)
             self.lexp = exp
-        self.cnt = i + 1
+            grew = True
+        if grew and len(self.sidx) + len(self.eidx) > DENSE_FROM + (i >> 1):
+            self._densify()
 
     def extend(self, seqs: list[int], exp: int) -> None:
         """The next keys' seqs, one expiry (at least ``lexp``)."""
         i, m, s0 = self.cnt, len(seqs), seqs[0]
+        self.cnt = i + m
         if seqs == list(range(s0, s0 + m)):  # (a publish's keys: consecutive seqs, the usual)
             if s0 != self.nseq:
                 self.sidx.append(i)
@@ -142,7 +153,8 @@ class Run:
             self.eidx.append(i)
             self.evals.append(exp)
             self.lexp = exp
-        self.cnt = i + m
+        if len(self.sidx) + len(self.eidx) > DENSE_FROM + (i >> 1):
+            self._densify()
 
     def seq(self, i: int) -> int:
         """Key ``n0 + i``'s seq."""
@@ -153,24 +165,45 @@ class Run:
     def front_expiry(self) -> int:
         return self.evals[bisect_right(self.eidx, self.start) - 1]
 
-    def stretches(self, step: int) -> tuple[list[int], int]:
-        """The live keys' ``[first, count, ...]``: seqs (``step`` 1) or expiries (0), and
-        the index of the first live stretch."""
+    def expire_front(self, now: int) -> int:
+        """Cut the keys due at ``now`` off its front; returns how many."""
+        evals = self.evals
+        k = bisect_right(evals, now)  # (the first stretch due later)
+        cut = self.eidx[k] if k < len(evals) else self.cnt
+        gone = cut - self.start
+        self.start = cut
+        if cut < self.cnt:
+            sidx = self.sidx
+            if (k > 16 and 2 * k > len(evals)) or (
+                len(sidx) > 32 and 2 * bisect_right(sidx, cut) > len(sidx)
+            ):  # (most of its stretches are dead)
+                self.drop_front()
+        return gone
+
+    def values(self, step: int, s: int = 0) -> array[int]:
+        """Keys ``n0 + s`` on: their seqs (``step`` 1) or expiries (0), an item each."""
+        idx, vals = (self.sidx, self.svals) if step else (self.eidx, self.evals)
+        k = bisect_right(idx, s) - 1
+        bounds = [s, *idx[k + 1 :], self.cnt]
+        counts = map(sub, bounds[1:], bounds)
+        bases = list(map(sub, vals[k:], idx[k:])) if step else vals[k:]
+        col = list(chain.from_iterable(map(repeat, bases, counts)))  # (C-level loops)
+        return array("q", map(add, col, range(s, self.cnt)) if step else col)
+
+    def dumped(self, step: int) -> list[int] | bytes:
+        """The live keys' seqs (``step`` 1) or expiries (0) as a snapshot holds them:
+        ``[first, count, ...]`` when there are at most 1/64 as many stretches as keys, else
+        the values' little-endian int64 bytes (what ``_stretches`` makes of the same values:
+        the format did not change when runs stopped holding arrays)."""
         idx, vals = (self.sidx, self.svals) if step else (self.eidx, self.evals)
         s, cnt = self.start, self.cnt
         k = bisect_right(idx, s) - 1
-        out = [vals[k] + step * (s - idx[k])]
-        for m in range(k + 1, len(idx)):
-            out += (idx[m] - max(idx[m - 1], s), vals[m])
-        out.append(cnt - max(idx[-1], s))
-        return out, k
-
-    def mostly_dead(self, ke: int) -> bool:
-        """Are most of its stretches expired (``ke``: the expiry stretches before ``start``)?"""
-        sidx = self.sidx
-        if ke > 16 and 2 * ke > len(self.evals):
-            return True
-        return len(sidx) > 32 and 2 * bisect_right(sidx, self.start) > len(sidx)
+        if len(idx) - k > max(1, (cnt - s) // 64):
+            return _le_bytes(self.values(step, s))
+        bounds = [s, *idx[k + 1 :], cnt]
+        counts = map(sub, bounds[1:], bounds)
+        firsts = [vals[k] + step * (s - idx[k]), *vals[k + 1 :]]
+        return [x for pair in zip(firsts, counts, strict=True) for x in pair]
 
     def drop_front(self) -> None:
         """Forget the expired front (its n, too: a key there may come again, in a run of its
@@ -195,21 +228,88 @@ class Run:
         self.cnt -= s
         self.start = 0
 
+    def _densify(self) -> None:
+        seqs, exps = self.values(1), self.values(0)
+        self.__class__ = DenseRun
+        self.svals, self.evals = seqs, exps
+        self.sidx, self.eidx = array("q"), array("q")
+
+
+class DenseRun(Run):
+    """A ``Run`` whose keys hardly stretch: ``svals`` and ``evals`` hold every key's seq and
+    expiry (16 B a key), ``sidx`` and ``eidx`` stay empty. It turns back into a ``Run`` when,
+    its expired front dropped, its keys make at most an eighth as many stretches."""
+
+    __slots__ = ()
+
+    def append(self, seq: int, exp: int) -> None:
+        self.svals.append(seq)
+        self.evals.append(exp)
+        self.cnt += 1
+        self.nseq, self.lexp = seq + 1, exp
+
+    def extend(self, seqs: list[int], exp: int) -> None:
+        self.svals.extend(seqs)
+        self.evals.extend(array("q", [exp]) * len(seqs))
+        self.cnt += len(seqs)
+        self.nseq, self.lexp = seqs[-1] + 1, exp
+
+    def seq(self, i: int) -> int:
+        return self.svals[i]
+
+    def front_expiry(self) -> int:
+        return self.evals[self.start]
+
+    def expire_front(self, now: int) -> int:
+        cut = bisect_right(self.evals, now, lo=self.start)
+        gone = cut - self.start
+        self.start = cut
+        if 64 < cut < self.cnt and 2 * cut > self.cnt:  # (the dead front is most of it)
+            self.drop_front()
+        return gone
+
+    def values(self, step: int, s: int = 0) -> array[int]:
+        return (self.svals if step else self.evals)[s:]
+
+    def dumped(self, step: int) -> list[int] | bytes:
+        return _stretches(self.svals if step else self.evals, self.start, step)
+
+    def drop_front(self) -> None:
+        s = self.start
+        if not s:
+            return
+        self.svals, self.evals = self.svals[s:], self.evals[s:]
+        self.n0 += s
+        self.cnt -= s
+        self.start = 0
+        if not self.cnt:
+            return
+        sb, eb = _breaks(self.svals, 1), _breaks(self.evals, 0)
+        if 8 * (len(sb) + len(eb) + 2) <= self.cnt:  # (its keys stretch again)
+            seqs, exps = self.svals, self.evals
+            self.__class__ = Run  # type: ignore[assignment]  # (same slots)
+            self.sidx = array("q", [0, *sb])
+            self.svals = array("q", map(seqs.__getitem__, self.sidx))
+            self.eidx = array("q", [0, *eb])
+            self.evals = array("q", map(exps.__getitem__, self.eidx))
+
 
 def _n0(run: Run) -> int:
     return run.n0
 
 
-def _dumped(out: list[int], live: int, step: int) -> list[int] | bytes:
-    """Stretches ``[first, count, ...]`` of ``live`` values as a snapshot holds them: the
-    list when there are at most 1/64 as many stretches as values, else the values'
-    little-endian int64 bytes (what ``_stretches`` makes of the same values)."""
-    if len(out) // 2 <= max(1, live // 64):
-        return out
-    raw = _expand(out, step)
+def _le_bytes(a: array[int]) -> bytes:
     if sys.byteorder != "little":
-        raw.byteswap()
-    return raw.tobytes()
+        a = array("q", a)
+        a.byteswap()
+    return a.tobytes()
+
+
+def _breaks(a: array[int], step: int) -> list[int]:
+    """The indexes i >= 1 where ``a[i]`` does not continue ``a[i - 1]`` (by ``step``): where
+    stretches start (C-level loops)."""
+    d = list(map(sub, a, range(len(a)))) if step else a
+    return list(compress(range(1, len(a)), map(ne, islice(d, 1, None), d)))
 
 
 def _stretches(a: array[int], lo: int, step: int) -> list[int] | bytes:
@@ -493,15 +593,10 @@ class TopicKeys:
         q = self.runq
         while q and q[0][0] <= now:
             _, _, run, prefix = heapq.heappop(q)
-            evals = run.evals
-            k = bisect_right(evals, now)  # (the first stretch due later)
-            cut = run.eidx[k] if k < len(evals) else run.cnt
-            gone += cut - run.start
-            self.nruns -= cut - run.start
-            run.start = cut
-            if cut < run.cnt:
-                if run.mostly_dead(k):
-                    run.drop_front()
+            cut = run.expire_front(now)
+            gone += cut
+            self.nruns -= cut
+            if run.start < run.cnt:
                 self.serial += 1
                 heapq.heappush(q, (run.front_expiry(), self.serial, run, prefix))
                 continue
@@ -527,9 +622,7 @@ class TopicKeys:
         for prefix in sorted(self.records):
             runs = []
             for r in self.records[prefix].runs:
-                live = r.live()
-                seqs, exps = r.stretches(1)[0], r.stretches(0)[0]
-                runs.append([r.n0 + r.start, _dumped(seqs, live, 1), _dumped(exps, live, 0)])
+                runs.append([r.n0 + r.start, r.dumped(1), r.dumped(0)])
             recs.append([prefix, runs])
         return [self.digests.dump(), high, self.legacy_until, recs]
 
@@ -596,14 +689,15 @@ def _run_of(n0: int, seqs: Any, exps: Any) -> Run:
     """A run from a snapshot's ``[first n, seqs, expiries]`` (stretches or bytes); ValueError
     on a malformed one (counts that differ, expiries that go back)."""
     run = Run(n0)
-    if isinstance(seqs, bytes) or isinstance(exps, bytes):
+    if isinstance(seqs, bytes) or isinstance(exps, bytes):  # (keys that hardly stretch)
         vals, ends = _expand(seqs, 1), _expand(exps, 0)
         if not vals or len(vals) != len(ends):
             raise ValueError("dedup records: a run's seqs and expiries differ")
-        for seq, exp in zip(vals, ends, strict=True):
-            if exp < run.lexp:
-                raise ValueError("dedup records: a run's expiries go back")
-            run.append(seq, exp)
+        if any(map(gt, ends, islice(ends, 1, None))):
+            raise ValueError("dedup records: a run's expiries go back")
+        run.__class__ = DenseRun
+        run.svals, run.evals = vals, ends
+        run.cnt, run.nseq, run.lexp = len(vals), vals[-1] + 1, ends[-1]
         return run
     sc, ec = _counted(seqs), _counted(exps)
     if not sc or sc != ec:
