@@ -11,7 +11,7 @@ from typing import Any
 import msgpack
 
 from raftq.cluster.dedup import ENTRY, key_digest
-from raftq.cluster.keys import DenseRun, _expand
+from raftq.cluster.keys import DenseRun, _expand, _stretches
 from raftq.cluster.msgindex import GONE
 from raftq.cluster.state import Broker, _age_due
 
@@ -224,6 +224,10 @@ def check_keys(k: Any, now: int) -> None:
                 assert r.svals[m] != r.svals[m - 1] + r.sidx[m] - r.sidx[m - 1]
             live += r.live()
     assert live == k.nruns
+    for rec in k.records.values():  # a snapshot holds what arrays of a value a key made
+        for r in rec.runs:
+            for step in (1, 0):
+                assert r.dumped(step) == _stretches(r.values(step, r.start), 0, step)
 
 
 def dedup_held(k: Any) -> list[tuple[bytes, int]]:

@@ -200,6 +200,10 @@ class Run:
         k = bisect_right(idx, s) - 1
         if len(idx) - k > max(1, (cnt - s) // 64):
             return _le_bytes(self.values(step, s))
+        if step:  # (seqs that go back along n: what _stretches makes of them, bytes or not)
+            levels = list(map(sub, vals[k:], idx[k:]))
+            if any(map(gt, levels, islice(levels, 1, None))):
+                return _stretches(self.values(1, s), 0, 1)
         bounds = [s, *idx[k + 1 :], cnt]
         counts = map(sub, bounds[1:], bounds)
         firsts = [vals[k] + step * (s - idx[k]), *vals[k + 1 :]]
@@ -695,6 +699,8 @@ def _run_of(n0: int, seqs: Any, exps: Any) -> Run:
             raise ValueError("dedup records: a run's seqs and expiries differ")
         if any(map(gt, ends, islice(ends, 1, None))):
             raise ValueError("dedup records: a run's expiries go back")
+        if min(vals) < 0 or ends[0] < 0:
+            raise ValueError("dedup records: a negative seq or expiry")
         run.__class__ = DenseRun
         run.svals, run.evals = vals, ends
         run.cnt, run.nseq, run.lexp = len(vals), vals[-1] + 1, ends[-1]
@@ -704,6 +710,8 @@ def _run_of(n0: int, seqs: Any, exps: Any) -> Run:
         raise ValueError("dedup records: a run's seqs and expiries differ")
     for j in range(0, len(seqs), 2):
         first, count = seqs[j], seqs[j + 1]
+        if first < 0:  # (-1 stands for "none yet")
+            raise ValueError("dedup records: a negative seq")
         if first != run.nseq:
             run.sidx.append(run.cnt)
             run.svals.append(first)
@@ -712,8 +720,8 @@ def _run_of(n0: int, seqs: Any, exps: Any) -> Run:
     i = 0
     for j in range(0, len(exps), 2):
         exp, count = exps[j], exps[j + 1]
-        if exp < run.lexp:
-            raise ValueError("dedup records: a run's expiries go back")
+        if exp < max(run.lexp, 0):
+            raise ValueError("dedup records: a run's expiries go back, or below 0")
         if exp != run.lexp:
             run.eidx.append(i)
             run.evals.append(exp)
