@@ -10,7 +10,7 @@ import pytest
 from state_harness import check_keys  # type: ignore[import-not-found]
 
 from raftq.cluster import keys
-from raftq.cluster.keys import MAX_RUNS, TopicKeys, _expand, _stretches, numbered, slot
+from raftq.cluster.keys import LONG_RUN, MAX_RUNS, TopicKeys, _expand, _stretches, numbered, slot
 
 AT = 1_700_000_000_000
 
@@ -230,12 +230,30 @@ def test_sparse_numbers_are_digests_not_a_run_each() -> None:
     assert len(k) == 0 and k.high is None  # (no numbered digest left: no bound)
 
 
-def test_a_record_holds_at_most_max_runs() -> None:
+def test_a_record_holds_at_most_max_runs_of_short_stretches() -> None:
     k = TopicKeys()
     for r in range(MAX_RUNS + 5):  # runs of 8 with gaps between them
         publish(k, [f"p-{100 * r + n}" for n in range(1, 9)], 1 + 8 * r, AT + 10)
     assert len(k.records["p"].runs) == MAX_RUNS
     assert len(k.digests) == 5 * 8 and k.lookup("p-6801")[1] == 1 + 8 * 68
+    # A long stretch still gets a run: a client's batches, round robin over topics.
+    publish(k, [f"p-{10_000 + n}" for n in range(LONG_RUN)], 1000, AT + 10)
+    assert len(k.records["p"].runs) == MAX_RUNS + 1 and len(k.digests) == 5 * 8
+    assert k.lookup(f"p-{10_000 + LONG_RUN - 1}")[1] == 1000 + LONG_RUN - 1
+
+
+def test_a_clients_batches_round_robin_over_topics_are_runs() -> None:
+    topics = [TopicKeys() for _ in range(10)]
+    n = seq = 1
+    for b in range(1000):  # batches of 100 keys, the client's one counter over 10 topics
+        t = topics[b % 10]
+        assert publish(t, [f"c-e-{n + j}" for j in range(100)], seq, AT + 1000) == [None] * 100
+        n += 100
+        seq += 100
+    for t in topics:
+        assert not len(t.digests) and t.nruns == 10_000 and len(t.records["c-e"].runs) == 100
+        assert t.nbytes() / len(t) < 10
+    assert topics[3].lookup("c-e-301")[1] == 301 and topics[3].lookup("c-e-401")[1] is None
 
 
 def test_restore_refuses_malformed_records() -> None:

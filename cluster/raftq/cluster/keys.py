@@ -60,7 +60,9 @@ Token = tuple[Any, ...]
 MAX_DIGITS = 18  # (n < 10**18 < 2**63)
 SLOTS = 1024  # of ``high``: 8 KB a topic while one of its numbered keys is a digest
 MIN_RUN = 8  # consecutive n that start a run of their own (a record's first run: any)
-MAX_RUNS = 64  # runs a record holds at most; keys past that are digests
+MAX_RUNS = 64  # runs a record holds at most of shorter stretches than LONG_RUN
+LONG_RUN = 64  # consecutive n that always get a run (a client publishing batches round robin
+# over topics: each topic's keys are its batches, with the other topics' between them)
 DENSE_FROM = 64  # a run with more stretches than this + half its keys turns dense
 
 
@@ -522,8 +524,9 @@ class TopicKeys:
     ) -> list[tuple[int, int]]:
         """Keys of ``prefix`` (n, seq) into its record's runs; returns those left for the
         digests: a stretch of fewer than ``MIN_RUN`` consecutive n that does not continue
-        the last run, or any once the record holds ``MAX_RUNS`` runs (sparse numbers, as
-        ``order-<id>``, would otherwise cost a run, ~500 B, a key)."""
+        the last run, or of fewer than ``LONG_RUN`` once the record holds ``MAX_RUNS`` runs
+        (sparse numbers, as ``order-<id>``, would otherwise cost a run, ~500 B, a key; a
+        long stretch costs a few bytes a key in a run of its own)."""
         if len(items) > 1:
             items.sort()
         runs = rec.runs
@@ -540,7 +543,7 @@ class TopicKeys:
             last = runs[-1] if runs else None
             if last is not None and last.end() == n0 and last.lexp <= exp:
                 run = last
-            elif runs and (j - i < MIN_RUN or len(runs) >= MAX_RUNS):
+            elif runs and (j - i < MIN_RUN or (j - i < LONG_RUN and len(runs) >= MAX_RUNS)):
                 left += items[i:j]
                 i = j
                 continue
