@@ -338,10 +338,7 @@ def _stretches(a: array[int], lo: int, step: int) -> list[int] | bytes:
         k = e
     if k == hi and _expand(out, step) == a[lo:]:
         return out
-    raw = a[lo:]
-    if sys.byteorder != "little":
-        raw.byteswap()
-    return raw.tobytes()
+    return _le_bytes(a[lo:])
 
 
 def _expand(x: Any, step: int) -> array[int]:
