@@ -1,0 +1,158 @@
+"""Publishes of one message applied together (``Broker._publish_run``) give what one by one gives.
+
+An entry's run of one-message publishes to one topic (a producer that does not batch, its
+publishes group-committed) goes through ``_publish_run`` when that cannot differ from
+``_op_publish`` one command at a time. Random entries are applied to two brokers, one of them
+with the run path turned off; every result and the state after every entry must match (the
+keys compared as the keys held, not their layout: digests or runs)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from state_harness import check_invariants, state_of  # type: ignore[import-not-found]
+
+from raftq.cluster.entry import apply_entry, encode_entry
+from raftq.cluster.state import Broker
+
+T0 = 1_700_000_000_000
+
+TOPICS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "ring": {"max_messages": 30, "overflow": "drop_oldest", "dedup_window": 2},
+    "capped": {"max_messages": 40, "max_bytes": 2000, "overflow": "reject"},
+    "nowindow": {"dedup_window": 0, "max_message_bytes": 60, "max_age": 3},
+}
+
+
+class OneByOne(Broker):
+    def _publish_run(self, cmds: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        return None
+
+
+class Counting(Broker):
+    runs = 0
+
+    def _publish_run(self, cmds: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        got = super()._publish_run(cmds)
+        self.runs += got is not None
+        return got
+
+
+def publish(rng: random.Random, topic: str, n: int) -> dict[str, Any]:
+    m: dict[str, Any] = {"payload": b"p" * rng.choice([1, 10, 50, 70])}
+    r = rng.random()
+    if r < 0.4:
+        m["key"] = f"prod-1-{n}"  # a producer's numbered keys (runs)
+    elif r < 0.55:
+        m["key"] = f"prod-1-{rng.randint(1, max(1, n))}"  # a retry of one of them
+    elif r < 0.65:
+        m["key"] = f"order-{rng.randint(1, 30)}"  # other keys (digests), repeated
+    elif r < 0.67:
+        m["key"] = "k" * 300  # too long: refused
+    elif r < 0.69:
+        m["headers"] = {"h": "v"}  # not plain: one by one
+    elif r < 0.7:
+        m["delay"] = 1
+    return {"op": "publish", "topic": topic, "messages": [m]}
+
+
+def entry_commands(rng: random.Random, n: int, receipts: list[str]) -> list[dict[str, Any]]:
+    topics = list(TOPICS)
+    cmds: list[dict[str, Any]] = []
+    topic = rng.choice(topics)
+    for _ in range(rng.randint(1, 40)):
+        r = rng.random()
+        if r < 0.8:
+            if rng.random() < 0.1:
+                topic = rng.choice([*topics, "missing"])
+            n += 1
+            cmds.append(publish(rng, topic, n))
+        elif r < 0.87:
+            cmds.append({"op": "receive", "topic": rng.choice(topics), "group": "g",
+                         "consumer": "c", "max": rng.randint(1, 20),
+                         "token": rng.randbytes(16)})  # fmt: skip
+        elif r < 0.94 and receipts:
+            take = rng.sample(receipts, min(len(receipts), rng.randint(1, 10)))
+            cmds.append({"op": "ack", "receipts": take})
+        elif r < 0.96:
+            cmds.append({"op": "purge", "topic": rng.choice(topics)})
+        elif r < 0.98:
+            limit = rng.choice([None, 3000, 20000])
+            cmds.append({"op": "cluster_settings", "config": {"max_retained_bytes": limit}})
+        else:
+            cmds.append({"op": "publish", "topic": topic, "messages": [{"payload": b"a"}] * 3})
+    return cmds
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_runs_of_one_message_publishes_match_one_by_one(seed: int) -> None:
+    rng = random.Random(seed)
+    a, b = Counting(), OneByOne()
+    now = T0
+    setup = [{"op": "create_topic", "topic": name, "config": cfg,
+              "groups": [{"group": "g", "config": {"visibility_timeout": 1}}]}
+             for name, cfg in TOPICS.items()]  # fmt: skip
+    for br in (a, b):
+        apply_entry(br, encode_entry(now, setup))
+    receipts: list[str] = []
+    n = 0
+    for _ in range(150):
+        now += rng.choice([0, 5, 100, 700])
+        cmds = entry_commands(rng, n, receipts)
+        n += len(cmds)
+        data = encode_entry(now, cmds)
+        got_a, got_b = apply_entry(a, data), apply_entry(b, data)
+        assert got_a == got_b
+        for res in got_a:
+            receipts += [d["receipt"] for d in res.get("deliveries", ())]
+        receipts = receipts[-50:]
+        assert state_of(a) == state_of(b)
+        check_invariants(a)
+    assert a.runs > 50, "the run path was hardly taken: the test tests nothing"
+
+
+def test_a_run_is_one_record_and_one_keys_add() -> None:
+    """The point of it: 100 one-message publishes with the clients' keys cost about what one
+    publish of 100 messages does (one index extend, the keys one stretch)."""
+    b = Counting()
+    b.apply({"op": "create_topic", "topic": "t", "now": T0})
+    cmds = [{"op": "publish", "topic": "t", "messages": [{"payload": b"x", "key": f"p-1-{i}"}]}
+            for i in range(1, 101)]  # fmt: skip
+    cmds[50] = dict(cmds[49])  # a retry of the one before, in the same entry
+    got = apply_entry(b, encode_entry(T0 + 1, cmds))
+    assert b.runs == 1
+    assert [r["messages"][0]["seq"] for r in got] == [*range(1, 51), 50, *range(51, 100)]
+    assert got[50]["messages"][0]["duplicate"] is True
+    t = b.topics["t"]
+    assert t.count == 99 and t.counters["duplicates"] == 1
+    assert t.dedup.nruns == 99 and len(t.dedup.digests) == 0
+    assert b.store.stats(t.key)[0][2] == 99
+
+
+def test_a_group_with_only_delayed_messages_left_goes_one_by_one() -> None:
+    """Nothing fresh but a delayed message skipped: one by one, a publish of a duplicate moves
+    the group's cursor to the end before the next publish adds a message; the run must too."""
+    run, one = Counting(), OneByOne()
+    brokers: list[Broker] = [run, one]
+    results = []
+    for br in brokers:
+        br.apply({"op": "create_topic", "topic": "t", "now": T0,
+                  "groups": [{"group": "g"}]})  # fmt: skip
+        pub = {"op": "publish", "topic": "t", "now": T0}
+        br.apply({**pub, "messages": [{"payload": b"a", "key": "k-1"}]})
+        br.apply({**pub, "messages": [{"payload": b"d", "delay": 30}]})
+        br.apply({"op": "receive", "topic": "t", "group": "g", "consumer": "c", "max": 10,
+                  "token": b"\x01" * 16, "now": T0})  # fmt: skip
+        g = br.topics["t"].groups["g"]
+        assert not g.fresh and g.skip
+        cmds = [
+            {"op": "publish", "topic": "t", "messages": [{"payload": b"a", "key": "k-1"}]},
+            {"op": "publish", "topic": "t", "messages": [{"payload": b"b", "key": "k-2"}]},
+        ]
+        results.append(apply_entry(br, encode_entry(T0 + 1, cmds)))
+    assert results[0] == results[1]
+    assert state_of(run) == state_of(one)
+    assert run.runs == 0
