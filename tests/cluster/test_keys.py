@@ -23,24 +23,37 @@ def test_numbered_keys_are_the_canonical_decimal_ones() -> None:
     assert numbered("x-" + "9" * 18) == ("x", 10**18 - 1)
 
 
-def publish(k: TopicKeys, keys: list[str], seq: int, exp: int) -> list[int | None]:
-    """What ``Broker._op_publish`` does with one command's keys: look each up, then add the
-    new ones (a key twice in the command: the first wins)."""
+def publish(
+    k: TopicKeys, keys: list[str], seq: int, exp: int, fast: bool = True
+) -> list[int | None]:
+    """What ``Broker._op_publish`` does with one command's keys: the first ones a producer's
+    next keys (``next_keys``, unless not ``fast``), each other one looked up, then add the new
+    ones (a key twice in the command: the first wins)."""
+    msgs = [{"payload": b"", "key": key} for key in keys]
+    prefix, n0, known = k.next_keys(msgs) if fast and len(keys) > 1 else ("", 0, 0)
+    first = seq
     batch: dict[Any, int] = {}
-    out: list[int | None] = []
-    for key in keys:
+    out: list[int | None] = [None] * known
+    seq += known
+    for key in keys[known:]:
         tok, prior = k.lookup(key)
+        if prior is None and known and tok[0] == prefix and 0 <= tok[1] - n0 < known:
+            prior = first + tok[1] - n0
         if prior is None and tok in batch:
             prior = batch[tok]
         if prior is None:
             batch[tok] = seq
             seq += 1
         out.append(prior)
+    if known:
+        k.add_next(exp, prefix, n0, first, known)
     k.add(exp, batch)
     return out
 
 
-def run_against_a_dict(seed: int, steps: int, restore_every: int) -> tuple[TopicKeys, int]:
+def run_against_a_dict(
+    seed: int, steps: int, restore_every: int, fast: bool = True
+) -> tuple[TopicKeys, int]:
     """Returns the table and the most keys its runs held at once."""
     rnd = random.Random(seed)
     k = TopicKeys()
@@ -74,7 +87,7 @@ def run_against_a_dict(seed: int, steps: int, restore_every: int) -> tuple[Topic
             else:
                 keys.append(f"k{rnd.getrandbits(20)}")
         window = rnd.choice([100, 300, 300, 1000])
-        got = publish(k, keys, seq, now + window)
+        got = publish(k, keys, seq, now + window, fast)
         want: list[int | None] = []
         for key in keys:
             if key in model:
@@ -95,9 +108,10 @@ def run_against_a_dict(seed: int, steps: int, restore_every: int) -> tuple[Topic
     return k, most
 
 
+@pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("seed", range(6))
-def test_the_keys_agree_with_a_dict(seed: int) -> None:
-    k, most = run_against_a_dict(seed, 1500, 0)
+def test_the_keys_agree_with_a_dict(seed: int, fast: bool) -> None:
+    k, most = run_against_a_dict(seed, 1500, 0, fast)
     assert most > 20, "keys went to runs"
     assert len(k.digests), "and some to digests"
 
@@ -306,3 +320,18 @@ def test_runs_snapshot_as_stretches_when_few_else_bytes() -> None:
     seqs = array("q", range(5, 1005))
     assert _stretches(seqs, 0, 1) == [5, 1000] and _stretches(seqs, 10, 1) == [15, 990]
     assert isinstance(_stretches(array("q", range(0, 2000, 2)), 0, 1), bytes)
+
+
+def test_a_batch_of_next_keys_stops_at_what_may_be_held() -> None:
+    """``next_keys`` answers for a batch only past the prefix's last run: a batch that starts
+    in a gap between runs reaches held keys, and a batch whose numbers grow past MAX_DIGITS
+    reaches keys that are not numbered ones (digests)."""
+    k = TopicKeys()
+    assert publish(k, [f"p-{n}" for n in range(1, 11)], 1, AT + 100) == [None] * 10
+    assert publish(k, [f"p-{n}" for n in range(20, 31)], 11, AT + 100) == [None] * 11
+    got = publish(k, [f"p-{n}" for n in range(15, 26)], 22, AT + 100)
+    assert got == [None] * 5 + list(range(11, 17))
+    top = 10**keys.MAX_DIGITS
+    assert publish(k, [f"q-{top - 3}", f"q-{top - 2}"], 100, AT + 100) == [None, None]
+    assert publish(k, [f"q-{top - 1}", f"q-{top}"], 102, AT + 100) == [None, None]
+    assert publish(k, [f"q-{top}"], 104, AT + 100) == [103]

@@ -136,21 +136,33 @@ class Run:
 
     def extend(self, seqs: list[int], exp: int) -> None:
         """The next keys' seqs, one expiry (at least ``lexp``)."""
-        i, m, s0 = self.cnt, len(seqs), seqs[0]
-        self.cnt = i + m
+        s0, m = seqs[0], len(seqs)
         if seqs == list(range(s0, s0 + m)):  # (a publish's keys: consecutive seqs, the usual)
-            if s0 != self.nseq:
-                self.sidx.append(i)
-                self.svals.append(s0)
-            self.nseq = s0 + m
-        else:
-            nseq = self.nseq
-            for j, seq in enumerate(seqs, i):
-                if seq != nseq:
-                    self.sidx.append(j)
-                    self.svals.append(seq)
-                nseq = seq + 1
-            self.nseq = nseq
+            self.extend_range(s0, m, exp)
+            return
+        i = self.cnt
+        self.cnt = i + m
+        nseq = self.nseq
+        for j, seq in enumerate(seqs, i):
+            if seq != nseq:
+                self.sidx.append(j)
+                self.svals.append(seq)
+            nseq = seq + 1
+        self.nseq = nseq
+        self._expiry(i, exp)
+
+    def extend_range(self, s0: int, m: int, exp: int) -> None:
+        """The next ``m`` keys: seqs ``s0``, ``s0 + 1``, ..., one expiry (at least ``lexp``)."""
+        i = self.cnt
+        self.cnt = i + m
+        if s0 != self.nseq:
+            self.sidx.append(i)
+            self.svals.append(s0)
+        self.nseq = s0 + m
+        self._expiry(i, exp)
+
+    def _expiry(self, i: int, exp: int) -> None:
+        """Keys from ``i`` on expire at ``exp``; dense when stretches outnumber the keys."""
         if exp != self.lexp:
             self.eidx.append(i)
             self.evals.append(exp)
@@ -259,6 +271,9 @@ class DenseRun(Run):
         self.evals.extend(array("q", [exp]) * len(seqs))
         self.cnt += len(seqs)
         self.nseq, self.lexp = seqs[-1] + 1, exp
+
+    def extend_range(self, s0: int, m: int, exp: int) -> None:
+        self.extend(list(range(s0, s0 + m)), exp)
 
     def seq(self, i: int) -> int:
         return self.svals[i]
@@ -434,6 +449,33 @@ class TopicKeys:
         d, seq = self.digests.lookup(key)
         return (prefix, n, d), seq
 
+    def next_keys(self, msgs: list[Any]) -> tuple[str, int, int]:
+        """How many of a publish's first messages carry a producer's next keys: ``(prefix, n,
+        count)`` when their keys are ``prefix-n``, ``prefix-(n+1)``, ... past the last run of
+        ``prefix`` and what ``lookup`` would look for (count 0 when not even the first's is).
+        ``lookup`` gives each of them the token ``(prefix, n + i)`` and no seq; this finds
+        that out with C-level list work: the keys a client's batch should have, compared with
+        the ones it has (~0.1 of ``lookup``'s cost a key)."""
+        try:
+            keys = list(map(dict.get, msgs, repeat("key")))
+        except TypeError:  # (a message that is not a dict: each its own lookup)
+            return "", 0, 0
+        key = keys[0]
+        if type(key) is not str:
+            return "", 0, 0
+        tok, seq = self.lookup(key)
+        if seq is not None or len(tok) != 2:
+            return "", 0, 0
+        prefix, n = tok
+        r = self.records[prefix].runs[-1]  # (a token of two: the prefix has a record)
+        if n < r.n0 + r.cnt or len(str(n + len(keys))) > MAX_DIGITS:
+            return "", 0, 0  # (in the runs' span a later n may be held: each its lookup)
+        # Every later n is past the last run and above the high mark too: none is held.
+        want = list(map((prefix + "-").__add__, map(str, range(n, n + len(keys)))))
+        if keys == want:
+            return prefix, n, len(keys)
+        return prefix, n, next(compress(range(len(keys)), map(ne, keys, want)))
+
     def add(self, expires_at: int, keyed: Mapping[Any, int]) -> None:
         """The new keys of one publish command: tokens from ``lookup`` (none held yet, none
         twice) -> their seqs, in seq order."""
@@ -500,6 +542,22 @@ class TopicKeys:
             digs = {d: seq for seq, d in later}
         if digs:
             self.digests.add(expires_at, digs)  # (in seq order)
+
+    def add_next(self, expires_at: int, prefix: str, n: int, seq: int, count: int) -> None:
+        """The keys ``next_keys`` found: ``prefix-n`` ... ``prefix-(n+count-1)``, new, with
+        seqs ``seq`` ... ``seq+count-1`` (what ``add`` does with their tokens, without a
+        tuple a key: the usual one continues the prefix's last run)."""
+        rec = self.records[prefix]
+        last = rec.runs[-1]
+        if last.n0 + last.cnt == n and last.lexp <= expires_at:
+            last.extend_range(seq, count, expires_at)
+            self.nruns += count
+            return
+        left = self._put(prefix, rec, [(n + i, seq + i) for i in range(count)], expires_at)
+        if left:
+            later: list[tuple[int, bytes]] = []
+            self._to_digests(prefix, left, later)
+            self.digests.add(expires_at, {d: s for s, d in sorted(later)})
 
     def _alone(self, prefix: str, n: int, tok: Token, seq: int, exp: int) -> bool:
         """A publish's only key, of a prefix without a record: a digest (True), unless the

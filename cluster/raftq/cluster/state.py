@@ -827,6 +827,12 @@ class Broker:
         results: list[dict[str, Any]] = []
         add_bytes = 0
         first = t.next_seq  # staged messages get first, first + 1, ... in order
+        # A client's batch: its first ``known`` keys are a producer's next ones, new (seqs
+        # first, first + 1, ...: none is a duplicate, none refused alone), for ``add_next``.
+        many = window and len(msgs_in) > 1
+        prefix, n0, known = dedup.next_keys(msgs_in) if many else ("", 0, 0)
+        if known and len(msgs_in[known - 1]["key"]) > v.MAX_KEY_LEN:  # (the longest of them)
+            known = 0  # (one by one, to refuse the first too long)
         for i, m in enumerate(msgs_in):
             if type(m) is not dict and not isinstance(m, Mapping):
                 raise InvalidArgument(f"messages[{i}] must be a map", field="messages")
@@ -848,10 +854,12 @@ class Broker:
             hdrs = None if plain else m.get("headers")
             if hdrs is not None:
                 hdrs = v.headers(hdrs)
-            if key is not None:
+            if key is not None and i >= known:
                 v.string(key, "key", v.MAX_KEY_LEN)
                 if window:  # (one digest per key, for the lookup and the insert)
                     key, prior = dedup.lookup(key)
+                    if prior is None and known and key[0] == prefix and 0 <= key[1] - n0 < known:
+                        prior = first + key[1] - n0  # (one of the known keys again)
                     if prior is not None:
                         results.append({"seq": prior, "duplicate": True})
                         continue
@@ -930,8 +938,11 @@ class Broker:
                     if g.kq is not None and okey is not None:
                         g.kq.setdefault(okey, []).append(seq)  # (the highest seq yet)
         t.next_seq = first + n
+        if known:  # (all stored: seqs first, first + 1, ...)
+            dedup.add_next(now + window, prefix, n0, first, known)
         if window and batch_keys:  # exactly this publish's new keys, in order, with their seqs
             dedup.add(now + window, batch_keys)
+        if known or (window and batch_keys):
             self._dedup_expiry.note(t.name, now + window)
         for g in groups:
             g.fresh += n_fresh

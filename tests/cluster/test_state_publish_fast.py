@@ -1,4 +1,8 @@
-"""Publishes of one message applied together (``Broker._publish_run``) give what one by one gives.
+"""The fast paths of a publish give what the plain one gives.
+
+A client's batch whose keys are its producer's next ones skips their lookups
+(``TopicKeys.next_keys``); the keys model itself is fuzzed in test_keys.py.
+
 
 An entry's run of one-message publishes to one topic (a producer that does not batch, its
 publishes group-committed) goes through ``_publish_run`` when that cannot differ from
@@ -15,6 +19,7 @@ import pytest
 from state_harness import check_invariants, state_of  # type: ignore[import-not-found]
 
 from raftq.cluster.entry import apply_entry, encode_entry
+from raftq.cluster.errors import InvalidArgument
 from raftq.cluster.state import Broker
 
 T0 = 1_700_000_000_000
@@ -156,3 +161,21 @@ def test_a_group_with_only_delayed_messages_left_goes_one_by_one() -> None:
     assert results[0] == results[1]
     assert state_of(run) == state_of(one)
     assert run.runs == 0
+
+
+def test_a_batch_of_next_keys_that_grow_too_long_is_refused() -> None:
+    """A producer's next keys skip their lookups, not the length check: ``p-99`` fits in
+    256 characters, ``p-100`` does not."""
+    b = Broker()
+    b.apply({"op": "create_topic", "topic": "t", "now": T0})
+    p = "p" * 253
+
+    def pub(*ns: int) -> dict[str, Any]:
+        msgs = [{"payload": b"x", "key": f"{p}-{n}"} for n in ns]
+        return b.apply({"op": "publish", "topic": "t", "messages": msgs, "now": T0})
+
+    assert [m["seq"] for m in pub(*range(1, 99))["messages"]] == list(range(1, 99))
+    with pytest.raises(InvalidArgument, match=r"key is longer than 256"):
+        pub(99, 100)
+    assert b.topics["t"].count == 98
+    assert pub(99)["messages"] == [{"seq": 99, "duplicate": False}]
