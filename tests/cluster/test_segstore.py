@@ -409,7 +409,7 @@ class _FullDisk(OsDisk):
         disk = self
 
         class Full(FileWrapper):
-            def write_at(self, offset: int, data: bytes) -> None:
+            def write_at(self, offset: int, data: bytes | bytearray) -> None:
                 if len(data) > disk.room:
                     self.f.write_at(offset, data[: len(data) // 2])
                     disk.room = 0

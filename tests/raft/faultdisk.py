@@ -35,7 +35,7 @@ class _Writer(FileWrapper):
         self.disk.check_space(self.path)
         self.f.write(data)
 
-    def write_at(self, offset: int, data: bytes) -> None:
+    def write_at(self, offset: int, data: bytes | bytearray) -> None:
         self.disk.check_space(self.path)
         self.f.write_at(offset, data)
 

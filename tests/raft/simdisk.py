@@ -126,7 +126,7 @@ class FileWrapper:
     def write(self, data: bytes | memoryview) -> None:
         self.f.write(data)
 
-    def write_at(self, offset: int, data: bytes) -> None:
+    def write_at(self, offset: int, data: bytes | bytearray) -> None:
         self.f.write_at(offset, data)
 
     def truncate(self, size: int) -> None:

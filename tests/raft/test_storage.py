@@ -196,7 +196,7 @@ def test_records_kept_by_a_cut_are_synced_before_it(tmp_path: Path) -> None:
     ops: list[str] = []
 
     class Watched(FileWrapper):
-        def write_at(self, offset: int, data: bytes) -> None:
+        def write_at(self, offset: int, data: bytes | bytearray) -> None:
             if any(data):  # (not the zero fill)
                 ops.append("write")
             super().write_at(offset, data)

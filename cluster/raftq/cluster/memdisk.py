@@ -26,7 +26,7 @@ class _MemFile:
         self.write_at(self.pos, bytes(data))
         self.pos += len(data)
 
-    def write_at(self, offset: int, data: bytes) -> None:
+    def write_at(self, offset: int, data: bytes | bytearray) -> None:
         buf = self.data
         if offset > len(buf):
             buf.extend(bytes(offset - len(buf)))

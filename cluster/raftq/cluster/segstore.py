@@ -1222,7 +1222,7 @@ class SegmentStore:
         try:
             if seg.file is None:
                 seg.file = self.disk.open(seg.path)
-            seg.file.write_at(seg.flushed, bytes(seg.buf))
+            seg.file.write_at(seg.flushed, seg.buf)  # (no copy: a new buf follows)
         except OSError as e:
             raise self._fail(seg.path, "write failed", e) from e
         seg.flushed += len(seg.buf)  # (not seg.size: it counts an open record already)

@@ -82,7 +82,7 @@ class StorageCorrupt(StorageError):
 
 class DiskFile(Protocol):
     def write(self, data: bytes | memoryview) -> None: ...  # sequentially from offset 0
-    def write_at(self, offset: int, data: bytes) -> None: ...
+    def write_at(self, offset: int, data: bytes | bytearray) -> None: ...
     def truncate(self, size: int) -> None: ...
     def sync(self) -> None: ...
     def close(self) -> None: ...
@@ -113,7 +113,7 @@ class _OsFile:
             n = os.write(self.fd, view)
             view = view[n:]
 
-    def write_at(self, offset: int, data: bytes) -> None:
+    def write_at(self, offset: int, data: bytes | bytearray) -> None:
         view = memoryview(data)
         while view:
             n = os.pwrite(self.fd, view, offset)
