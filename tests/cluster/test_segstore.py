@@ -103,6 +103,11 @@ def test_a_read_never_returns_another_records_payload(tmp_path: Path) -> None:
         s.read("t.1", 4, loc, n)
     with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg.*seq 2 .* length"):
         s.read("t.1", 2, loc, n + 1)  # the wrong length
+    # read_batch checks each message of a record it reads once (its own loop)
+    with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg.*holds seqs 1\.\.3, not 4"):
+        s.read_batch("t.1", [(2, loc, n), (4, loc, n)])
+    with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg.*seq 3 .* length"):
+        s.read_batch("t.1", [(2, loc, n), (3, loc, n + 1)])
     with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg: no record at offset"):
         s.read("t.1", 2, loc + 1 << 20, n)
     with pytest.raises(StorageCorrupt, match=r"t\.1~00000000\.seg: bad record header"):

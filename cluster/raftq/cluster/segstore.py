@@ -686,6 +686,10 @@ class SegmentStore:
             self._seal(key)
         out: list[Message] = []
         last, rec = -1, None
+        first = n = 0
+        p: list[int] = []
+        h: list[int] = []
+        data = b""
         for seq, loc, length in items:
             if loc != last or rec is None:
                 got = self._message_or_record(key, seq, loc, length)
@@ -694,7 +698,17 @@ class SegmentStore:
                     rec = None
                     continue
                 rec, last = got, loc
-            out.append(rec.message(self._index(rec, seq, length)))
+                first, n, p, h, data = rec.first_seq, rec.n, rec.pstart, rec.hstart, rec.data
+            # ``rec.message(self._index(rec, seq, length))``, inline: a receive reads ~100
+            # messages of a record, and the calls were a third of the read.
+            i = seq - first
+            if 0 <= i < n:
+                ps, pe, hs, he = p[i], p[i + 1], h[i], h[i + 1]
+                if PER_MESSAGE + pe - ps + he - hs + (0 if i else REC_OVERHEAD) == length:
+                    hdrs = msgpack.unpackb(data[hs:he], raw=False) if he > hs else None
+                    out.append((data[ps:pe], hdrs))
+                    continue
+            self._index(rec, seq, length)  # (raises StorageCorrupt, naming the mismatch)
         return out
 
     @staticmethod

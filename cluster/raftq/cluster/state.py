@@ -453,9 +453,9 @@ class Broker:
         self.store = store if store is not None else mem_store()
         self._in_memory = isinstance(self.store.disk, MemDisk)
         self.next_stream = 0  # topic incarnations created so far: the n of their stream keys
-        # Receive results waiting for their payloads: (delivery, stream, seq, loc, length),
-        # read once the whole batch is applied (``_read``).
-        self._reads: list[tuple[dict[str, Any], str, int, int, int]] = []
+        # Receive results waiting for their payloads, read once the whole batch is applied
+        # (``_read``): per stream, the deliveries and their (seq, location, length), in step.
+        self._reads: dict[str, tuple[list[dict[str, Any]], list[tuple[int, int, int]]]] = {}
         self.now = 0
         self.topics: dict[str, Topic] = {}
         # (deadline, topic, group, seqs) and (due, topic, group, seqs); one entry per receive
@@ -550,21 +550,13 @@ class Broker:
     def _read(self, read: bool) -> None:
         """Fill in the payloads of this batch's deliveries (records freed or moved by a
         later command of the batch stay readable until the next snapshot commits)."""
-        reads, self._reads = self._reads, []
+        reads, self._reads = self._reads, {}
         if read and reads:
-            i, n = 0, len(reads)
-            while i < n:  # a run of one stream's reads: one read_batch (a record read once)
-                key = reads[i][1]
-                j = i + 1
-                while j < n and reads[j][1] == key:
-                    j += 1
-                run = reads[i:j]
-                got = self.store.read_batch(key, [(r[2], r[3], r[4]) for r in run])
-                for r, (payload, hdrs) in zip(run, got, strict=True):
-                    d = r[0]
+            for key, (deliveries, items) in reads.items():  # one read_batch a stream
+                got = self.store.read_batch(key, items)
+                for d, (payload, hdrs) in zip(deliveries, got, strict=True):
                     d["payload"] = payload
                     d["headers"] = hdrs or {}
-                i = j
         if self._in_memory and self.store.retiring():
             self.store.commit(MEM_COMMIT)
 
@@ -1249,7 +1241,10 @@ class Broker:
         ix = t.index
         base, recs, rbase, lengths = ix.first_seq, ix.rec, ix.rbase, ix.length
         rlocs, rats = ix.rloc, ix.rat
-        reads, key = self._reads, t.key
+        reads = self._reads.get(t.key)
+        if reads is None:
+            reads = self._reads[t.key] = ([], [])
+        filled, items = reads  # (payload, headers: _read)
         for seq in seqs:
             attempt = held[seq] + 1
             held[seq] = attempt
@@ -1269,7 +1264,8 @@ class Broker:
             }
             if okeys and seq in okeys:
                 d["ordering_key"] = okeys[seq]
-            reads.append((d, key, seq, rlocs[r], lengths[i]))  # (payload, headers: _read)
+            filled.append(d)
+            items.append((seq, rlocs[r], lengths[i]))
             out.append(d)
         g.counters["delivered"] += len(seqs)
         g.counters["redelivered"] += sum(1 for d in out if d["attempt"] > 1)
