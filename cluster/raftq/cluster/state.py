@@ -953,8 +953,9 @@ class Broker:
     def _publish_run(self, cmds: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         """Publishes of one message each to one topic (``_plain_publishes``), applied together:
         the results and state that ``_op_publish`` one by one gives, with one store append,
-        index extend and keys add for them all (group commit of small publishes: a producer's
-        pipelined publishes, case (b) of ``raftq bench``). None, having changed nothing, where
+        index extend and keys add for them all (group commit of small publishes: many HTTP or
+        SQS producers sending a message each; the clients coalesce their own publishes into
+        batches, so ``raftq bench`` does not come here). None, having changed nothing, where
         one by one could differ: the topic is missing, a message too large or its key too long,
         a limit would be reached, a group has nothing fresh but skipped messages."""
         t = self.topics.get(cmds[0]["topic"])
