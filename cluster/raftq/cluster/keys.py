@@ -463,7 +463,10 @@ class TopicKeys:
         key = keys[0]
         if type(key) is not str:
             return "", 0, 0
-        tok, seq = self.lookup(key)
+        try:
+            tok, seq = self.lookup(key)
+        except UnicodeEncodeError:  # (a key msgpack would not have decoded: the publish's
+            return "", 0, 0  # own checks come first, then its lookup fails as it did)
         if seq is not None or len(tok) != 2:
             return "", 0, 0
         prefix, n = tok

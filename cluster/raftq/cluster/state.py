@@ -517,11 +517,12 @@ class Broker:
         out: list[dict[str, Any]] = []
         cmds = commands if type(commands) is list else list(commands)
         i, end = 0, len(cmds)
+        alone = 0  # commands before this go one by one: the rest of a run that was refused
         try:
             while i < end:
                 cmd = cmds[i]
                 i += 1
-                if i < end and (j := _plain_publishes(cmds, i - 1)) > i:
+                if i > alone and i < end and (j := _plain_publishes(cmds, i - 1)) > i:
                     # Publishes of one message to one topic, as producers that do not batch
                     # send them: applied together when that gives what one by one gives.
                     run = self._publish_run(cmds[i - 1 : j])
@@ -529,6 +530,7 @@ class Broker:
                         out += run
                         i = j
                         continue
+                    alone = j  # (not tried again from each of its commands: that was n^2)
                 try:
                     if type(cmd) is not dict and not isinstance(cmd, Mapping):
                         raise InvalidArgument("command must be a map", field="command")
@@ -962,6 +964,28 @@ class Broker:
         if t is None:
             return None
         cfg = t.config
+        max_n = cfg["max_messages"]
+        groups = list(t.groups.values())
+        if (max_n is not None and t.count + len(cmds) > max_n) or any(
+            not g.fresh and g.skip for g in groups
+        ):
+            # (one by one, a publish may reach the limit, or move such a group's cursor: a
+            # publish of a duplicate does when the group has nothing fresh but skipped ones)
+            return None
+        try:
+            return self._publish_together(t, cmds, groups)
+        except StorageError:
+            raise
+        except Exception as e:  # a bug, once it changed things: each command says so
+            err = {"code": "internal", "message": repr(e), "details": {}}
+            return [{"error": err} for _ in cmds]
+
+    def _publish_together(
+        self, t: Topic, cmds: list[dict[str, Any]], groups: list[Group]
+    ) -> list[dict[str, Any]] | None:
+        """``_publish_run`` once the topic and its groups allow it: the messages checked and
+        looked up (None, having changed nothing, if one by one could differ), then added."""
+        cfg = t.config
         max_size = cfg["max_message_bytes"]
         window = round(cfg["dedup_window"] * 1000)
         lookup = t.dedup.lookup
@@ -984,7 +1008,10 @@ class Broker:
                     return None
                 # One by one, a key of an earlier publish of the run would be in the keys by
                 # now; here it is in batch_keys (the same token: looked up before any add).
-                tok, prior = lookup(key)
+                try:
+                    tok, prior = lookup(key)
+                except Exception:  # (nothing changed yet: one by one, the command's own error)
+                    return None
                 if prior is None:
                     prior = batch_keys.get(tok)
                 if prior is not None:
@@ -1000,10 +1027,8 @@ class Broker:
             sizes.append(size)
             add_bytes += size
         n = len(staged)
-        max_n, max_b = cfg["max_messages"], cfg["max_bytes"]
-        if (max_n is not None and t.count + n > max_n) or (
-            max_b is not None and t.bytes + add_bytes > max_b
-        ):
+        max_b = cfg["max_bytes"]
+        if max_b is not None and t.bytes + add_bytes > max_b:
             return None  # (one by one, the publish that reaches it is refused or drops)
         limit = self.settings.get("max_retained_bytes")
         if n and limit is not None:
@@ -1011,9 +1036,6 @@ class Broker:
                 self._check_retained(t, add_bytes, limit)
             except StorageFull:
                 return None
-        groups = list(t.groups.values())
-        if any(not g.fresh and g.skip for g in groups):
-            return None  # (one by one, a publish of a duplicate moves such a group's cursor)
         now = self.now
         if n:
             locs, lengths = self.store.append_open(t.key, first, now, staged)
