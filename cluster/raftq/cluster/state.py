@@ -1003,9 +1003,9 @@ class Broker:
             if size > max_size:
                 return None
             key = m.get("key")
+            if key is not None and len(key) > v.MAX_KEY_LEN:
+                return None
             if key is not None and window:  # (no window: no key is looked up, none kept)
-                if len(key) > v.MAX_KEY_LEN:
-                    return None
                 # One by one, a key of an earlier publish of the run would be in the keys by
                 # now; here it is in batch_keys (the same token: looked up before any add).
                 try:
@@ -1018,8 +1018,6 @@ class Broker:
                     out.append({"topic": name, "messages": [{"seq": prior, "duplicate": True}]})
                     continue
                 batch_keys[tok] = first + len(staged)
-            elif key is not None and len(key) > v.MAX_KEY_LEN:
-                return None
             out.append(
                 {"topic": name, "messages": [{"seq": first + len(staged), "duplicate": False}]}
             )
