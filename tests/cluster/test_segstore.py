@@ -16,6 +16,7 @@ from tests.raft.simdisk import FileWrapper, SimDisk, power_loss
 
 from raftq.cluster.segstore import (
     SEG_HEAD,
+    WRITEBACK_BYTES,
     Marks,
     SegmentStore,
     StoreDisk,
@@ -851,3 +852,61 @@ def test_free_inside_an_open_record_only_counts_and_a_roll_seals_it(tmp_path: Pa
     del every[6]
     assert [s.read("t.1", i, *every[i]) for i in sorted(every)] == [_msg(i) for i in sorted(every)]
     assert s.retained_bytes()[0] == total + sum(n for _, n in rolled.values())
+
+
+class _HintDisk(OsDisk):
+    """Records each file's ``start_writeback`` ranges and syncs, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, int, int]] = []
+
+    def _wrap(self, f: DiskFile, path: str) -> DiskFile:
+        disk = self
+
+        class Hinted(FileWrapper):
+            def start_writeback(self, offset: int, size: int) -> None:
+                disk.calls.append(("hint", path, offset, size))
+                self.f.start_writeback(offset, size)
+
+            def sync(self) -> None:
+                disk.calls.append(("sync", path, 0, 0))
+                self.f.sync()
+
+        return Hinted(f)
+
+    def open(self, path: str) -> DiskFile:
+        return self._wrap(super().open(path), path)
+
+    def create(self, path: str) -> DiskFile:
+        return self._wrap(super().create(path), path)
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_writeback_starts_as_each_mib_is_written(tmp_path: Path, fsync: bool) -> None:
+    """With fsync "always" the bytes written are handed to the device a MiB at a time, each
+    range where the last ended, so a snapshot's sync finds little left; with "never" not."""
+    disk = _HintDisk()
+    s = SegmentStore(disk, str(tmp_path), segment_bytes=4 << 20, flush_bytes=64 << 10,
+                     fsync=fsync)  # fmt: skip
+    s.truncate_to([])
+    payload = bytes(10_000)
+    for i in range(700):  # ~7 MB: a roll at 4 MB
+        s.append_batch("t.1", i, AT, [(payload, None)])
+    s.sync()
+    hints = [c for c in disk.calls if c[0] == "hint"]
+    if not fsync:
+        assert hints == []
+        return
+    by_file: dict[str, list[tuple[int, int]]] = {}
+    for _, path, off, size in hints:
+        by_file.setdefault(path, []).append((off, size))
+    assert len(by_file) == 2, "both segments"
+    for path, ranges in by_file.items():
+        assert ranges[0][0] == 0
+        for (off, size), (nxt, _) in itertools.pairwise(ranges):
+            assert nxt == off + size, "each range starts where the last ended"
+        assert all(WRITEBACK_BYTES <= size < WRITEBACK_BYTES + (64 << 10) + 20_000
+                   for _, size in ranges)  # fmt: skip
+        unhinted = os.path.getsize(path) - sum(size for _, size in ranges)
+        assert 0 <= unhinted < WRITEBACK_BYTES, "all but the last MiB started before the sync"
+    assert disk.calls[-1][0] == "sync"

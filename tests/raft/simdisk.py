@@ -135,6 +135,9 @@ class FileWrapper:
     def sync(self) -> None:
         self.f.sync()
 
+    def start_writeback(self, offset: int, size: int) -> None:
+        self.f.start_writeback(offset, size)  # (not durable: the simulation counts syncs)
+
     def close(self) -> None:
         self.f.close()
 

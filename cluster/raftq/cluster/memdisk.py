@@ -42,6 +42,9 @@ class _MemFile:
     def sync(self) -> None:
         pass
 
+    def start_writeback(self, offset: int, size: int) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

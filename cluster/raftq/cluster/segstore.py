@@ -96,6 +96,9 @@ from raftq.cluster.storage import Disk, DiskFile, ReadFile, StorageCorrupt, Stor
 SEGMENT_BYTES = 8 << 20  # a segment is rolled once it holds this much (+ at most one record)
 OPEN_BYTES = 1 << 20  # an open record takes no more messages once it is this long
 FLUSH_BYTES = 256 << 10  # appends are buffered per stream up to this much, then written
+WRITEBACK_BYTES = 1 << 20  # ...and their writeback started once this much is written (fsync
+# "always"): a snapshot's sync then waits for little, and the journal's fsyncs meanwhile queue
+# behind 1 MB at most, not 32 (DiskFile.start_writeback)
 READERS = 64  # open read handles kept (least recently used closed first)
 CACHE_RECORDS = 32  # decoded records kept for reads (least recently used dropped first)
 CACHE_BYTES = 16 << 20  # ... and at most this many of their bytes
@@ -395,6 +398,7 @@ class _Seg:
         "dirty",
         "file",
         "flushed",
+        "hinted",
         "live",
         "live_bytes",
         "path",
@@ -406,6 +410,7 @@ class _Seg:
         self.path, self.segno = path, segno
         self.size = size  # logical end, buffered bytes included
         self.flushed = size  # bytes [0, flushed) are in the file
+        self.hinted = size  # ...and [0, hinted) on their way to the device (start_writeback)
         self.buf = bytearray()  # bytes [flushed, size)
         self.live = 0  # records the state still refers to
         self.live_bytes = 0
@@ -472,6 +477,7 @@ class SegmentStore:
     ) -> None:
         self.disk, self.dir = disk, directory
         self.segment_bytes, self.flush_bytes, self.fsync = segment_bytes, flush_bytes, fsync
+        self.writeback_bytes = WRITEBACK_BYTES if fsync else 1 << 62
         self._streams: dict[str, _Stream] = {}
         self._open: dict[str, _Open] = {}  # by stream key: records not sealed yet
         self.open_bytes = OPEN_BYTES
@@ -1242,6 +1248,9 @@ class SegmentStore:
         seg.flushed += len(seg.buf)  # (not seg.size: it counts an open record already)
         seg.buf = bytearray()
         seg.dirty = True
+        if seg.flushed - seg.hinted >= self.writeback_bytes:
+            seg.file.start_writeback(seg.hinted, seg.flushed - seg.hinted)
+            seg.hinted = seg.flushed
 
     def _retire(self, st: _Stream, seg: _Seg) -> None:
         del st.segs[seg.segno]
