@@ -107,6 +107,9 @@ class SimDisk:
         with self._state() as state:
             state["cur"].pop(path, None)
 
+    def remove_slowly(self, path: str) -> None:
+        self.remove(path)
+
     def sync_dir(self, path: str) -> None:
         self.real.sync_dir(path)
         d = os.path.abspath(path)

@@ -537,3 +537,25 @@ def test_segment_writes_cut_short_by_a_crash_are_removed(tmp_path: Path) -> None
     (tmp_path / "journal.log.x.tmp").write_bytes(b"not ours")
     assert _reopen(path) == entries
     assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.log", "journal.log.x.tmp"]
+
+
+def test_remove_slowly_frees_a_file_in_steps_its_name_gone_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The name goes at once (a crash leaves what an unlink leaves), then the blocks of the
+    open file a step at a time: 10 MB in steps of 4 MB is three cuts, the name gone at each."""
+    path = tmp_path / "journal.log.1"
+    path.write_bytes(os.urandom(10 << 20))
+    cuts: list[tuple[int, bool]] = []
+    real = os.ftruncate
+
+    def ftruncate(fd: int, size: int) -> None:
+        cuts.append((size, path.exists()))
+        real(fd, size)
+
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    disk = OsDisk()
+    disk.remove_slowly(str(path))
+    assert cuts == [(6 << 20, False), (2 << 20, False), (0, False)]
+    assert not path.exists()
+    disk.remove_slowly(str(path))  # (a file already gone: nothing to do)

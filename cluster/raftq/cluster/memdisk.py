@@ -97,6 +97,9 @@ class MemDisk:
     def remove(self, path: str) -> None:
         self.files.pop(path, None)
 
+    def remove_slowly(self, path: str) -> None:
+        self.remove(path)
+
     def sync_dir(self, path: str) -> None:
         pass
 

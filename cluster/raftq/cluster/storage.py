@@ -43,6 +43,7 @@ import logging
 import os
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -69,6 +70,8 @@ JOURNAL_CHUNK = 8 << 20  # zero-filled ahead of the last record, at most; a new 
 # (an idle node keeps a small file). Costs a second write of every journal byte, off the tick
 # thread.
 _FIRST_CHUNK = 256 << 10
+FREE_STEP = 4 << 20  # OsDisk.remove_slowly frees this much at a time...
+FREE_PAUSE = 0.002  # ...and waits this long (seconds) in between
 BLOB_MAGIC = b"RAFTQB1\n"
 _BLOB = struct.Struct("<QI")  # length, crc32
 
@@ -101,6 +104,7 @@ class Disk(Protocol):
     def create(self, path: str) -> DiskFile: ...  # creates or empties
     def rename(self, src: str, dst: str) -> None: ...
     def remove(self, path: str) -> None: ...
+    def remove_slowly(self, path: str) -> None: ...  # remove, off the tick thread: see OsDisk
     def sync_dir(self, path: str) -> None: ...
     def listdir(self, path: str) -> list[str]: ...
 
@@ -192,6 +196,26 @@ class OsDisk:
     def remove(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+    def remove_slowly(self, path: str) -> None:
+        """``remove``, the file's blocks then freed ``FREE_STEP`` at a time with a pause
+        between (it sleeps: background threads only). Freeing a 40 MB file at once stalled a
+        concurrent journal fdatasync ~6.5 ms here (ext4 mounted with ``discard``); in 4 MB
+        steps, ~1 ms. The name goes first, so a crash half-way leaves what an unlink does."""
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.unlink(path)
+            size = os.fstat(fd).st_size
+            while size > 0:
+                size = max(0, size - FREE_STEP)
+                os.ftruncate(fd, size)
+                if size:
+                    time.sleep(FREE_PAUSE)
+        finally:
+            os.close(fd)
 
     def sync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -612,7 +636,7 @@ class Journal:
         def remove() -> None:
             for _, path, _ in gone:
                 try:
-                    disk.remove(path)
+                    disk.remove_slowly(path)
                 except OSError as e:
                     log.warning("journal: old segment %s not removed: %s", path, e)
 
