@@ -58,10 +58,12 @@ COMPACTION_SECONDS = 300.0
 INLINE_SNAPSHOT_US = 20_000  # a state whose snapshot takes about this long or less (Broker.
 # snapshot_cost) is serialized on the tick thread, no fork: a heartbeat waits at most ~20 ms.
 SNAPSHOT_SYNC_EVERY = 4 << 20  # the snapshot writer's flushes, so journal fsyncs pass between
-COMPACTION_BYTES = 32 << 20  # also snapshot after this many entry bytes (or the last snapshot's
+COMPACTION_BYTES = 64 << 20  # also snapshot after this many entry bytes (or the last snapshot's
 # size, when larger: _snapshots.py). Entries stay in RAM until then, so this bounds the journal's
-# share of a node's memory; snapshots without payloads (issue 22) made 64 MB (before) needless.
-# Big batches reach ~1M
+# share of a node's memory. 32 MB (tried with snapshots without payloads) cost more than it
+# saved: 10M x 100 B over 100 topics filled at 152k/s with RSS peaks of 366 MB, at 64 MB 169k/s
+# and 385 MB (bench/backlog.py); each snapshot holds every node's tick thread a few ms (journal
+# roll) and cost (c) 1 KiB 8 % of a 20k-message run (A/B against 512 MB). Big batches reach ~1M
 # messages in ~1000 entries, which never hit COMPACTION_ENTRIES, so a restart replayed the whole
 # journal in one tick (3.6-5.1 s, past the election timeout; raftq bench --cases m: 10-12 s to
 # ready with 1M x 100 B). Restoring a snapshot of the same takes ~0.5 s.
