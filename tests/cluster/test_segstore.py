@@ -905,8 +905,9 @@ def test_writeback_starts_as_each_mib_is_written(tmp_path: Path, fsync: bool) ->
         assert ranges[0][0] == 0
         for (off, size), (nxt, _) in itertools.pairwise(ranges):
             assert nxt == off + size, "each range starts where the last ended"
-        assert all(WRITEBACK_BYTES <= size < WRITEBACK_BYTES + (64 << 10) + 20_000
+        assert all((off + size) % 4096 == 0 for off, size in ranges), "whole pages"
+        assert all(WRITEBACK_BYTES - 4096 < size < WRITEBACK_BYTES + (64 << 10) + 20_000
                    for _, size in ranges)  # fmt: skip
         unhinted = os.path.getsize(path) - sum(size for _, size in ranges)
-        assert 0 <= unhinted < WRITEBACK_BYTES, "all but the last MiB started before the sync"
+        assert 0 <= unhinted < WRITEBACK_BYTES + 4096, "all but the last MiB started early"
     assert disk.calls[-1][0] == "sync"

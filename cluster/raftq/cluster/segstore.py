@@ -97,8 +97,8 @@ SEGMENT_BYTES = 8 << 20  # a segment is rolled once it holds this much (+ at mos
 OPEN_BYTES = 1 << 20  # an open record takes no more messages once it is this long
 FLUSH_BYTES = 256 << 10  # appends are buffered per stream up to this much, then written
 WRITEBACK_BYTES = 1 << 20  # ...and their writeback started once this much is written (fsync
-# "always"): a snapshot's sync then waits for little, and the journal's fsyncs meanwhile queue
-# behind 1 MB at most, not 32 (DiskFile.start_writeback)
+# "always"): a snapshot's sync then finds at most this much (+ a buffer) per stream written, and
+# the journal's fsyncs meanwhile queue behind a MiB, not all (DiskFile.start_writeback)
 READERS = 64  # open read handles kept (least recently used closed first)
 CACHE_RECORDS = 32  # decoded records kept for reads (least recently used dropped first)
 CACHE_BYTES = 16 << 20  # ... and at most this many of their bytes
@@ -1249,8 +1249,9 @@ class SegmentStore:
         seg.buf = bytearray()
         seg.dirty = True
         if seg.flushed - seg.hinted >= self.writeback_bytes:
-            seg.file.start_writeback(seg.hinted, seg.flushed - seg.hinted)
-            seg.hinted = seg.flushed
+            end = seg.flushed & ~4095  # whole pages: the next write goes on from a page that is
+            seg.file.start_writeback(seg.hinted, end - seg.hinted)  # not under writeback
+            seg.hinted = end
 
     def _retire(self, st: _Stream, seg: _Seg) -> None:
         del st.segs[seg.segno]
