@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from raftq.cluster.raft import RaftConfig, RaftError, RaftNode
-from raftq.cluster.raft._tuning import INLINE_SNAPSHOT_US
+from raftq.cluster.raft._tuning import COOL_BYTES, INLINE_SNAPSHOT_US
 from raftq.cluster.segstore import SEGMENT_BYTES
 from raftq.cluster.state import Broker
 from raftq.cluster.storage import Disk
@@ -151,6 +151,7 @@ async def main() -> None:
     ap.add_argument("--compaction-entries", type=int, default=10_000)
     ap.add_argument("--no-ack-fix", action="store_true")
     ap.add_argument("--segment-bytes", type=int, default=SEGMENT_BYTES, help="store segments")
+    ap.add_argument("--cool-bytes", type=int, default=COOL_BYTES, help="Journal.cool's period")
     ap.add_argument("--inline-snapshot-us", type=int, default=INLINE_SNAPSHOT_US,
                     help="-1: every snapshot by a forked writer")  # fmt: skip
     args = ap.parse_args()
@@ -168,6 +169,7 @@ async def main() -> None:
         compaction_entries=args.compaction_entries,
         store_segment_bytes=args.segment_bytes,
         inline_snapshot_us=args.inline_snapshot_us,
+        cool_bytes=args.cool_bytes,
         fix_stale_acks=not args.no_ack_fix,
     )
     try:

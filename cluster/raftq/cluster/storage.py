@@ -28,6 +28,9 @@ records what was synced and simulate power loss. Rules kept here:
   header are synced with it (its header says where they end), so a bad one is corruption,
   never a torn write. Older versions read only ``journal.log``: downgrading after a roll is
   not supported;
+* an entry every follower has and this node applied keeps only its record's offset in memory
+  (``cool``, called by the binding every few MB of commands added); a read of one
+  reads the record back from its segment (``_Span`` for slices), its CRC checked;
 * small files (meta, snapshots) are replaced atomically: temp file, fsync, rename, directory
   fsync; the commit mark (``CommitMark``) likewise but without fsync: it is only a hint.
 
@@ -54,12 +57,14 @@ import msgpack
 log = logging.getLogger(__name__)
 
 Entry = tuple[bytes, int, int]  # (command, index, term) - pysyncobj's journal tuple
+_Slot = tuple[bytes | int, int, int]  # an Entry, or a cooled one: its record's offset, index, term
 
 JOURNAL_HEADER = b"RAFTQJ1\n"  # a journal written before segments (read only)
 SEGMENT_HEADER = b"RAFTQJ2\n"  # + _SEG: a segment replaces older segments' entries from its
 _SEG = struct.Struct("<QQ")  # first index; the records before "whole end" were synced with it
 _SEG_WHOLE = struct.Struct("<Q")
 ROLL_MAX_BYTES = 8 << 20  # a segment is started with at most this much copied into it
+COOL_MARGIN = 16  # entries just before the bound stay whole (pysyncobj's compaction reads two)
 RECORD_MAGIC = 0x5251_4A53  # "SJQR": payload = index, term, write start, command
 RECORD_MAGIC_V1 = 0x5251_4A52  # "RJQR" (read only): payload = index, term, command
 _REC = struct.Struct("<III")  # magic, payload length, crc32(payload)
@@ -100,6 +105,7 @@ class ReadFile(Protocol):
 
 class Disk(Protocol):
     def read(self, path: str) -> bytes | None: ...  # None when missing
+    def open_read(self, path: str) -> ReadFile: ...  # raises when missing
     def open(self, path: str) -> DiskFile: ...  # for write_at; creates when missing
     def create(self, path: str) -> DiskFile: ...  # creates or empties
     def rename(self, src: str, dst: str) -> None: ...
@@ -356,8 +362,9 @@ def _segment_gen(base: str, name: str) -> int | None:
 class Journal:
     """pysyncobj's journal interface over checksummed, zero-filled-ahead segment files.
 
-    Entries live in memory too (pysyncobj indexes and slices them); compaction keeps the list
-    short. ``path=None`` keeps everything in memory (tests only).
+    Entries live in memory too (pysyncobj indexes and slices them) until the compaction after
+    a snapshot; those no one needs in the normal course keep only their place (``cool``).
+    ``path=None`` keeps everything in memory (tests only).
     """
 
     def __init__(
@@ -373,8 +380,13 @@ class Journal:
         self._meta = meta
         self._fsync = fsync
         self._chunk = chunk
-        self._entries: list[Entry] = []
-        self._offsets: list[int] = []  # file offset of each entry's record
+        self._entries: list[_Slot] = []
+        self._offsets: list[int] = []  # file offset of each entry's record (-1: older segment)
+        self._cooled = 0  # entries before this position may be cooled (``cool``)...
+        self._uncooled = 0  # ...the commands after it: this many bytes
+        self._readers: dict[str, ReadFile] = {}  # segments that cooled entries are read from
+        self.cooled_bytes = 0  # commands dropped from memory, in all
+        self.read_backs = 0  # cooled entries read back, in all
         self._end = len(JOURNAL_HEADER)  # after the last record
         self._unwritten: list[bytes] = []  # records added since the last sync, not yet written
         self._wend = self._end  # after the last written record: _end - len(unwritten records)
@@ -475,7 +487,8 @@ class Journal:
             offsets = [-1] * len(entries) + offs  # offsets only within the newest segment
             entries += found
             segs.append((gen, seg, first))
-        self._entries, self._offsets = entries, offsets
+        self._entries, self._offsets = list(entries), offsets
+        self._uncooled = sum(len(command) for command, _, _ in entries)
         if not segs:
             self._rewrite([])
             return
@@ -590,16 +603,17 @@ class Journal:
     def _rewrite(self, entries: list[Entry]) -> None:
         """Replace the journal with exactly ``entries``: a new segment (atomic and durable),
         then every older one removed (clear, compaction without a roll, deep truncation)."""
-        self._start_segment(entries, entries[0][1] if entries else 0, [])
+        self._start_segment(entries, entries[0][1] if entries else 0, 0)
         self._entries = list(entries)
+        self._cooled, self._uncooled = 0, sum(len(command) for command, _, _ in entries)
         self._remove_older()
 
-    def _start_segment(self, keep: list[Entry], first: int, before: list[Entry]) -> None:
+    def _start_segment(self, keep: list[Entry], first: int, before: int) -> None:
         """Make a new segment holding ``keep`` (entries from index ``first`` on) the one to
-        append to; ``before`` are the entries in older segments."""
+        append to; the ``before`` entries ahead of them are in older segments."""
         self._wait_fill()
         self._unwritten = []
-        self._offsets = [-1] * len(before)
+        self._offsets = [-1] * before
         if self._disk is None or self._path is None:
             return
         start = len(SEGMENT_HEADER) + _SEG.size
@@ -635,6 +649,8 @@ class Journal:
         thread 40-70 ms. Nothing waits for it to be durable: a segment that comes back after a
         crash holds only entries that a newer segment replaces or that a snapshot covers."""
         gone, self._older = self._older, []
+        for _, path, _ in gone:
+            self._close_reader(path)
         if not gone or self._disk is None:
             return
         disk = self._disk
@@ -672,7 +688,9 @@ class Journal:
             return  # nothing before it to compact, or not in the log
         if self._older and self._cur_first is not None and self._cur_first <= first:
             return
-        keep = self._entries[pos:]
+        if len(self._entries) - pos > ROLL_MAX_BYTES // _REC.size:
+            return  # (surely too many bytes: not read back to count them)
+        keep = self._whole_entries(pos, len(self._entries))
         if sum(len(command) for command, _, _ in keep) > ROLL_MAX_BYTES:
             return
         # What the current segment holds is made durable before a newer one exists; no new
@@ -684,7 +702,10 @@ class Journal:
             except OSError as e:
                 raise StorageError(f"{self._cur_path}: fdatasync failed: {e}") from e
         self.dirty = False
-        self._start_segment(keep, first, self._entries[:pos])
+        self._start_segment(keep, first, pos)
+        if pos < self._cooled:  # cooled entries kept: whole again, at their new offsets
+            self._entries[pos:] = keep
+            self._cooled, self._uncooled = pos, sum(len(command) for command, _, _ in keep)
 
     # ---------------------------------------------------------------- zero fill
 
@@ -777,12 +798,86 @@ class Journal:
             return self._entries[pos][2]
         return None
 
+    # ---------------------------------------------------------------- cooled entries
+
+    @property
+    def uncooled(self) -> int:
+        """Bytes of the commands added since the last ``cool`` (about)."""
+        return self._uncooled
+
+    def cool(self, before: int) -> int:
+        """Keep only the record's offset of the entries before index ``before`` (less a margin)
+        that are written to the current segment: the binding passes an index that every
+        follower it sends to has and that this node applied, so nothing reads them in the
+        normal course, and memory holds the commands since the last call, not all since the
+        last snapshot (64 MB). A follower catching up after a leader change, a new member or
+        pysyncobj's compaction reads them back. The first entry stays whole: pysyncobj reads
+        it on every call. Returns the bytes of the commands dropped."""
+        entries, offsets = self._entries, self._offsets
+        if self._file is None or not entries:
+            return 0
+        stop = min(before - COOL_MARGIN - entries[0][1], len(entries) - 1)
+        pos, passed, cooled, wend = max(self._cooled, 1), 0, 0, self._wend
+        while pos < stop:
+            command, idx, term = entries[pos]
+            if isinstance(command, bytes):
+                off = offsets[pos]
+                if off >= 0:  # (-1: in an older segment, deleted by the next compaction)
+                    if offsets[pos + 1] > wend:
+                        break  # not written yet
+                    entries[pos] = (off, idx, term)
+                    cooled += len(command)
+                passed += len(command)
+            pos += 1
+        self._cooled = max(self._cooled, pos)
+        self._uncooled = max(self._uncooled - passed, 0)
+        self.cooled_bytes += cooled
+        return cooled
+
+    def _whole_entries(self, start: int, stop: int) -> list[Entry]:
+        """Entries ``start:stop``, cooled ones read back."""
+        if start >= self._cooled:
+            return self._entries[start:stop]  # type: ignore[return-value]  # (none cooled)
+        return [self[i] for i in range(start, stop)]
+
+    def _read_back(self, off: int, idx: int, term: int) -> Entry:
+        """A cooled entry's record, from the newest segment that holds its index; a failed
+        read or a record that is not the one written is a storage failure (never a wrong
+        command applied or sent)."""
+        segments = [(self._cur_path, self._cur_first)]
+        segments += [(path, first) for _, path, first in reversed(self._older)]
+        path = next((p for p, first in segments if first is None or first <= idx), None)
+        if path is None or self._disk is None:
+            raise StorageCorrupt(f"{self._cur_path}: no segment holds entry {idx}")
+        try:
+            reader = self._readers.get(path)
+            if reader is None:
+                reader = self._readers[path] = self._disk.open_read(path)
+            head = reader.pread(_REC.size, off)
+            size = _REC.unpack(head)[1] if len(head) == _REC.size else 0
+            parsed = self._parse(head + reader.pread(size, off + _REC.size), 0)
+        except OSError as e:
+            raise StorageError(f"{path}: reading entry {idx} back failed: {e}") from e
+        if parsed is None or parsed[0][1:] != (idx, term):
+            raise StorageCorrupt(
+                f"{path}: entry {idx} (term {term}) at offset {off} does not read back intact"
+            )
+        self.read_backs += 1
+        return parsed[0]
+
+    def _close_reader(self, path: str) -> None:
+        reader = self._readers.pop(path, None)
+        if reader is not None:
+            with contextlib.suppress(OSError):
+                reader.close()
+
     # ---------------------------------------------------------------- pysyncobj's interface
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         if self._broken is not None:
             raise self._broken
         self._entries.append((command, idx, term))
+        self._uncooled += len(command)
         if self._file is None:
             return
         rec = self._record(command, idx, term, self._wend)  # written by the next sync, at _wend
@@ -800,11 +895,14 @@ class Journal:
         first_removed = self._entries[entryFrom][1]
         if self._file is not None and self._offsets[entryFrom] < 0:
             # Reaches into an older segment (committed entries are never cut: not expected).
-            self._rewrite(self._entries[:entryFrom])
+            self._rewrite(self._whole_entries(0, entryFrom))
         elif self._file is None:
             del self._entries[entryFrom:]
         else:
             del self._entries[entryFrom:]
+            if entryFrom < self._cooled:  # (committed entries are never cut: not expected)
+                self._cooled = entryFrom
+            self._uncooled = _whole_bytes(self._entries[self._cooled :])
             self._write_added()  # (simplest: written, then cut with the rest)
             self._wait_fill()
             if self._fsync and self.dirty:
@@ -837,6 +935,9 @@ class Journal:
     def deleteEntriesTo(self, entryTo: int) -> None:
         entryTo = max(entryTo, 0)
         keep_from = self._entries[entryTo][1] if entryTo < len(self._entries) else None
+        if entryTo > self._cooled:  # (not yet cooled: a compaction soon after a restart)
+            self._uncooled -= _whole_bytes(self._entries[self._cooled : entryTo])
+        self._cooled = max(self._cooled - entryTo, 0)
         del self._entries[:entryTo]
         del self._offsets[:entryTo]
         if self._file is None:
@@ -846,20 +947,32 @@ class Journal:
             # the current segment's first) is all cut.
             self._remove_older()
         elif entryTo:
-            self._rewrite(self._entries)
+            self._rewrite(self._whole_entries(0, len(self._entries)))
 
     @overload
     def __getitem__(self, item: int) -> Entry: ...
     @overload
-    def __getitem__(self, item: slice) -> list[Entry]: ...
-    def __getitem__(self, item: int | slice) -> Entry | list[Entry]:
-        return self._entries[item]
+    def __getitem__(self, item: slice) -> Sequence[Entry]: ...
+    def __getitem__(self, item: int | slice) -> Entry | Sequence[Entry]:
+        if isinstance(item, slice):
+            start, stop, step = item.indices(len(self._entries))
+            if start >= self._cooled and step == 1:
+                return self._entries[item]  # type: ignore[return-value]  # (none cooled)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return _Span(self, start, max(start, stop))
+        entry = self._entries[item]
+        if isinstance(entry[0], int):
+            return self._read_back(entry[0], entry[1], entry[2])
+        return entry  # type: ignore[return-value]  # (whole)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def _destroy(self) -> None:
         self._wait_removal()
+        for path in list(self._readers):
+            self._close_reader(path)
         if self._file is not None:
             try:
                 self._wait_fill()
@@ -890,3 +1003,36 @@ class Journal:
 
     def onOneSecondTimer(self) -> None:
         pass
+
+
+def _whole_bytes(slots: list[_Slot]) -> int:
+    """The bytes of the commands that ``slots`` hold whole (not cooled)."""
+    return sum(len(c) for c, _, _ in slots if isinstance(c, bytes))
+
+
+class _Span(Sequence[Entry]):
+    """Entries ``start:stop`` of a journal, some of them cooled: each read back when first
+    asked for. pysyncobj slices a lagging follower's entries to the end of the log, then
+    sends the first few MB of them."""
+
+    def __init__(self, journal: Journal, start: int, stop: int) -> None:
+        self._journal, self._start, self._stop = journal, start, stop
+        self._got: dict[int, Entry] = {}
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    @overload
+    def __getitem__(self, item: int) -> Entry: ...
+    @overload
+    def __getitem__(self, item: slice) -> list[Entry]: ...
+    def __getitem__(self, item: int | slice) -> Entry | list[Entry]:
+        if isinstance(item, slice):
+            return [self[i] for i in range(*item.indices(len(self)))]
+        pos = item + len(self) if item < 0 else item
+        if not 0 <= pos < len(self):
+            raise IndexError(item)
+        entry = self._got.get(pos)
+        if entry is None:
+            entry = self._got[pos] = self._journal[self._start + pos]
+        return entry

@@ -50,6 +50,7 @@ from raftq.cluster.raft._snapshots import _jitter, _Snapshots
 from raftq.cluster.raft._ticks import Ticks
 from raftq.cluster.raft._tuning import (
     COMPACTION_ENTRIES,
+    COOL_BYTES,
     INLINE_SNAPSHOT_US,
     LEADER_SILENT,
     LOOP_TICKS,
@@ -103,6 +104,7 @@ class RaftNode:
         pre_vote: bool = PRE_VOTE,
         store_segment_bytes: int = SEGMENT_BYTES,
         inline_snapshot_us: int = INLINE_SNAPSHOT_US,
+        cool_bytes: int = COOL_BYTES,
     ) -> None:
         if config.fsync not in ("always", "never"):
             raise ValueError(f"fsync must be 'always' or 'never', not {config.fsync!r}")
@@ -135,6 +137,8 @@ class RaftNode:
             "pre_votes_won": 0,
             "pre_votes_lost": 0,
             "pre_votes_refused": 0,
+            "journal_cooled_bytes": 0,  # commands dropped from memory (Journal.cool)
+            "journal_read_backs": 0,  # ...and read back from their segment
         }
         self._disk: Disk = disk if disk is not None else OsDisk()
         if config.data_dir is not None:
@@ -142,7 +146,7 @@ class RaftNode:
             # directory the broker keeps its default in-memory store.
             self.broker.use_store(
                 SegmentStore(
-                    self._disk,  # type: ignore[arg-type]  # (OsDisk and SimDisk: open_read)
+                    self._disk,
                     os.path.join(config.data_dir, "store"),
                     segment_bytes=store_segment_bytes,
                     fsync=self.fsync,
@@ -164,7 +168,7 @@ class RaftNode:
             self._info[raddr] = (nid, api)
         # The components, each owning its state (later ones use earlier ones).
         self._raft = Raft()
-        self._ticks = Ticks(self, loop_ticks)
+        self._ticks = Ticks(self, loop_ticks, cool_bytes)
         self._replication = Replication(self, fix_stale_acks, quorum_sends)
         self._peers = Peers(self._replication.send, pre_vote)
         self._elections = Elections(self._raft, self.stats)

@@ -29,8 +29,9 @@ class Ticks:
     LOOP_TICKS) while ``on_home`` is set, and the tick thread then only watches (and ticks if
     the loop has not for LOOP_WATCHDOG)."""
 
-    def __init__(self, node: RaftNode, loop_ticks: bool) -> None:
+    def __init__(self, node: RaftNode, loop_ticks: bool, cool_bytes: int) -> None:
         self._node = node
+        self._cool_bytes = cool_bytes
         self._raft = node._raft
         self._stats = node.stats
         self.lock = threading.Lock()  # pysyncobj's state; the tick thread's but in its waits
@@ -199,6 +200,10 @@ class Ticks:
             if journal.dirty:
                 node._sync(journal)
         node._marks.keep(self._raft, journal, self.closed)
+        if journal.uncooled > self._cool_bytes:
+            journal.cool(self._cool_bound())
+            self._stats["journal_cooled_bytes"] = journal.cooled_bytes
+        self._stats["journal_read_backs"] = journal.read_backs
         self._raft.bound_reads()
         if journal._broken is not None:  # (pysyncobj swallows a failed snapshot install)
             node._fail(journal._broken)
@@ -209,6 +214,19 @@ class Ticks:
         node._proposals.deliver_all()
         if not self.closed:
             node._changes.check()
+
+    def _cool_bound(self) -> int:
+        """The journal's entries before this index are needed by no one in the normal course:
+        applied here and, on a leader, held by every connected member (one that reconnects, or
+        a new leader's lagging follower, gets them read back)."""
+        raft = self._raft
+        bound = raft.last_applied
+        if raft.state == LEADER:
+            connected = raft.connected_nodes
+            for n, matched in raft.match_index.items():
+                if n in connected:
+                    bound = min(bound, matched)
+        return bound
 
     # ------------------------------------------------------------------ a leader's loop ticks
 

@@ -77,6 +77,9 @@ RESCUE_AFTER = 0.005  # entries still uncommitted this long after their quorum s
 # dropped from it). Or after 3x the recent commit time, up to RESCUE_MAX, where commits are
 # slower (a network disk, a loaded leader): rescuing every entry would double the sends.
 RESCUE_MAX = 0.025
+COOL_BYTES = 8 << 20  # the journal keeps whole about this much of the commands that every
+# member has and this node applied (Journal.cool); the rest are read back when needed. Filling
+# 10M x 100 B over 100 topics: RSS peak 386 -> 335 MB a node, settled 341 -> 276.
 COMMIT_MARK_EVERY = 1.0  # seconds between CommitMark writes (no fsync; also written at stop)
 LOOP_TICKS = True  # a leader runs its Raft ticks on the event loop that started the node:
 # a follower's ack is read there, commits, applies and answers the request in one wake-up
