@@ -108,6 +108,50 @@ def test_cooled_entries_survive_a_roll_a_compaction_and_a_restart(tmp_path: Path
     assert _reopen(path) == (entries + more)[100:]
 
 
+def test_the_first_entry_is_whole_after_a_compaction_at_a_cooled_roll_point(
+    tmp_path: Path,
+) -> None:
+    """pysyncobj reads entry 0 on every call: a compaction must not leave it cooled."""
+    j, entries = _filled(tmp_path / "journal.log", 200)
+    try:
+        j.roll(101)  # a snapshot begins...
+        j.cool(201)  # ...entries after its point cool while it is written...
+        assert 101 in _cooled(j)
+        j.deleteEntriesTo(100)  # ...then the compaction
+        assert j._entries[0] == entries[100]
+        before = j.read_backs
+        assert j[0] == entries[100] and j[0][1] == 101
+        assert j.read_backs == before
+    finally:
+        j._destroy()
+
+
+def test_a_slice_reads_a_run_of_cooled_entries_at_once(tmp_path: Path) -> None:
+    preads: list[int] = []
+
+    class Counted(OsDisk):
+        def open_read(self, path: str) -> ReadFile:
+            r = super().open_read(path)
+
+            class Reader:
+                def pread(self, size: int, offset: int) -> bytes:
+                    preads.append(size)
+                    return r.pread(size, offset)
+
+                def close(self) -> None:
+                    r.close()
+
+            return Reader()
+
+    j, entries = _filled(tmp_path / "journal.log", 2000, Counted())
+    try:
+        j.cool(2001)
+        assert list(j[1:]) == entries[1:]
+        assert len(preads) <= 4  # (a header, then the run)
+    finally:
+        j._destroy()
+
+
 def test_compaction_without_a_roll_rewrites_cooled_entries(tmp_path: Path) -> None:
     path = tmp_path / "journal.log"
     j, entries = _filled(path, 200)
@@ -157,6 +201,32 @@ def test_a_cooled_record_that_does_not_read_back_is_a_storage_failure(tmp_path: 
             list(j[30:])
         assert j[41] == entries[41]
     finally:
+        j._destroy()
+
+
+def test_a_damaged_record_length_is_corruption_not_a_huge_read(tmp_path: Path) -> None:
+    path = tmp_path / "journal.log"
+    j, _ = _filled(path, 100)
+    try:
+        j.cool(101)
+        off = j._entries[40][0]
+        assert isinstance(off, int)
+        with open(path, "r+b") as f:
+            f.seek(off + 4)  # the length, after the magic
+            f.write(b"\xff\xff\xff\xff")
+        with pytest.raises(StorageCorrupt, match=r"entry 41 .* does not read back"):
+            j[40]
+    finally:
+        j._destroy()
+
+
+def test_nothing_is_cooled_once_the_journal_is_broken(tmp_path: Path) -> None:
+    j, _ = _filled(tmp_path / "journal.log", 100)
+    try:
+        j._broken = StorageError("a segment switch failed")
+        assert j.cool(101) == 0 and _cooled(j) == []
+    finally:
+        j._broken = None
         j._destroy()
 
 
@@ -211,3 +281,24 @@ def test_followers_catch_up_from_cooled_entries(
     for p in c.nodes.values():
         wait_payloads(p, "t", acked)
     assert len({p.ok("digest") for p in c.nodes.values()}) == 1
+
+
+@pytest.mark.slow
+def test_with_every_member_up_nothing_is_read_back(
+    tmp_path: Path, make_cluster: type[RaftCluster]
+) -> None:
+    """Cooling on every tick and a snapshot every 40 entries: the hot paths (appends, commits,
+    applies, compactions) never read a cooled entry back."""
+    c = make_cluster(tmp_path, extra=["--cool-bytes", "0", "--compaction-entries", "40"])
+    c.start_all()
+    c.propose([{"op": "create_topic", "topic": "t"}])
+    acked = []
+    for i in range(300):
+        c.propose([publish("t", f"m-{i}-" + "x" * 200)])
+        acked.append(f"m-{i}-" + "x" * 200)
+    for p in c.nodes.values():
+        wait_payloads(p, "t", acked)
+    stats = [p.ok("stats") for p in c.nodes.values()]
+    assert all(s["journal_cooled_bytes"] > 0 for s in stats)
+    assert sum(s["snapshots"] for s in stats) >= 3
+    assert [s["journal_read_backs"] for s in stats] == [0, 0, 0]

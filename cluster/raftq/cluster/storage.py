@@ -65,6 +65,8 @@ _SEG = struct.Struct("<QQ")  # first index; the records before "whole end" were 
 _SEG_WHOLE = struct.Struct("<Q")
 ROLL_MAX_BYTES = 8 << 20  # a segment is started with at most this much copied into it
 COOL_MARGIN = 16  # entries just before the bound stay whole (pysyncobj's compaction reads two)
+READ_AHEAD = 1 << 20  # a slice over cooled entries reads this much of their segment at a time
+_RECORD_MAX = 64 << 20  # a journal record's length above this is damage (entries are <= 4 MB)
 RECORD_MAGIC = 0x5251_4A53  # "SJQR": payload = index, term, write start, command
 RECORD_MAGIC_V1 = 0x5251_4A52  # "RJQR" (read only): payload = index, term, command
 _REC = struct.Struct("<III")  # magic, payload length, crc32(payload)
@@ -814,10 +816,12 @@ class Journal:
         pysyncobj's compaction reads them back. The first entry stays whole: pysyncobj reads
         it on every call. Returns the bytes of the commands dropped."""
         entries, offsets = self._entries, self._offsets
-        if self._file is None or not entries:
+        if self._file is None or not entries or self._broken is not None:
             return 0
         stop = min(before - COOL_MARGIN - entries[0][1], len(entries) - 1)
         pos, passed, cooled, wend = max(self._cooled, 1), 0, 0, self._wend
+        if self._cooled == 0 and stop > 0:
+            passed = _whole_bytes(entries[:1])  # (never cooled; no longer counted either)
         while pos < stop:
             command, idx, term = entries[pos]
             if isinstance(command, bytes):
@@ -838,32 +842,56 @@ class Journal:
         """Entries ``start:stop``, cooled ones read back."""
         if start >= self._cooled:
             return self._entries[start:stop]  # type: ignore[return-value]  # (none cooled)
-        return [self[i] for i in range(start, stop)]
+        return list(_Span(self, start, stop))
 
-    def _read_back(self, off: int, idx: int, term: int) -> Entry:
-        """A cooled entry's record, from the newest segment that holds its index; a failed
-        read or a record that is not the one written is a storage failure (never a wrong
-        command applied or sent)."""
-        segments = [(self._cur_path, self._cur_first)]
-        segments += [(path, first) for _, path, first in reversed(self._older)]
-        path = next((p for p, first in segments if first is None or first <= idx), None)
-        if path is None or self._disk is None:
-            raise StorageCorrupt(f"{self._cur_path}: no segment holds entry {idx}")
+    def _holder(self, idx: int) -> tuple[str, int | None]:
+        """The segment that a cooled entry of index ``idx`` was written to: the newest one
+        whose first index is at or before it; and the first index of the segment after it."""
+        after: int | None = None
+        for _, path, first in [*self._older, (0, self._cur_path, self._cur_first)][::-1]:
+            if first is None or first <= idx:
+                return path, after
+            after = first
+        raise StorageCorrupt(f"{self._cur_path}: no journal segment holds entry {idx}")
+
+    def _read_run(self, pos: int, ahead: int = 0) -> list[Entry]:
+        """The cooled entry at position ``pos`` read back and, within ``ahead`` bytes read
+        at once, the cooled entries after it in the same segment. A failed read or a record
+        that is not the one written is a storage failure (never a wrong command applied or
+        sent)."""
+        entries = self._entries
+        off, idx, term = entries[pos]
+        assert isinstance(off, int) and self._disk is not None
+        path, limit = self._holder(idx)
+        bad = StorageCorrupt(
+            f"{path}: entry {idx} (term {term}) at offset {off} does not read back intact"
+        )
         try:
             reader = self._readers.get(path)
             if reader is None:
                 reader = self._readers[path] = self._disk.open_read(path)
             head = reader.pread(_REC.size, off)
-            size = _REC.unpack(head)[1] if len(head) == _REC.size else 0
-            parsed = self._parse(head + reader.pread(size, off + _REC.size), 0)
+            magic, size, _ = _REC.unpack(head) if len(head) == _REC.size else (0, 0, 0)
+            if magic not in (RECORD_MAGIC, RECORD_MAGIC_V1) or size > _RECORD_MAX:
+                raise bad
+            data = head + reader.pread(max(size, ahead - _REC.size), off + _REC.size)
         except OSError as e:
             raise StorageError(f"{path}: reading entry {idx} back failed: {e}") from e
-        if parsed is None or parsed[0][1:] != (idx, term):
-            raise StorageCorrupt(
-                f"{path}: entry {idx} (term {term}) at offset {off} does not read back intact"
-            )
-        self.read_backs += 1
-        return parsed[0]
+        run: list[Entry] = []
+        at = 0
+        for p in range(pos, len(entries)):
+            o, i, t = entries[p]
+            if not isinstance(o, int) or o - off != at or (limit is not None and i >= limit):
+                break
+            parsed = self._parse(data, at)
+            if parsed is None or parsed[0][1:] != (i, t):
+                break  # (the first: damage, below; a later one: cut by the read's end)
+            run.append(parsed[0])
+            at = parsed[1]
+        if not run:
+            raise bad
+        self.read_backs += len(run)
+        return run
 
     def _close_reader(self, path: str) -> None:
         reader = self._readers.pop(path, None)
@@ -940,6 +968,9 @@ class Journal:
         self._cooled = max(self._cooled - entryTo, 0)
         del self._entries[:entryTo]
         del self._offsets[:entryTo]
+        if self._entries and isinstance(self._entries[0][0], int):
+            # Cooled after a roll, before this compaction: whole again (read on every call).
+            self._entries[0] = self._read_run(0)[0]
         if self._file is None:
             return
         if self._older and keep_from is not None and (self._cur_first or 0) <= keep_from:
@@ -963,7 +994,7 @@ class Journal:
             return _Span(self, start, max(start, stop))
         entry = self._entries[item]
         if isinstance(entry[0], int):
-            return self._read_back(entry[0], entry[1], entry[2])
+            return self._read_run(item % len(self._entries))[0]
         return entry  # type: ignore[return-value]  # (whole)
 
     def __len__(self) -> int:
@@ -1034,5 +1065,11 @@ class _Span(Sequence[Entry]):
             raise IndexError(item)
         entry = self._got.get(pos)
         if entry is None:
-            entry = self._got[pos] = self._journal[self._start + pos]
+            at = self._start + pos
+            slot = self._journal._entries[at]
+            if not isinstance(slot[0], int):
+                return slot  # type: ignore[return-value]  # (whole)
+            run = self._journal._read_run(at, READ_AHEAD)[: len(self) - pos]
+            self._got.update(zip(range(pos, pos + len(run)), run, strict=True))
+            entry = run[0]
         return entry
