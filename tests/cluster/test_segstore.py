@@ -16,6 +16,7 @@ from tests.raft.simdisk import FileWrapper, SimDisk, power_loss
 
 from raftq.cluster.segstore import (
     SEG_HEAD,
+    WILL_NEED,
     WRITEBACK_BYTES,
     Marks,
     SegmentStore,
@@ -687,6 +688,9 @@ class _CountingDisk(OsDisk):
                 disk.preads += 1
                 return f.pread(size, offset)
 
+            def will_need(self, offset: int, size: int) -> None:
+                pass
+
             def close(self) -> None:
                 f.close()
 
@@ -911,3 +915,45 @@ def test_writeback_starts_as_each_mib_is_written(tmp_path: Path, fsync: bool) ->
         unhinted = os.path.getsize(path) - sum(size for _, size in ranges)
         assert 0 <= unhinted < WRITEBACK_BYTES + 4096, "all but the last MiB started early"
     assert disk.calls[-1][0] == "sync"
+
+
+def test_reads_going_forward_ask_for_what_follows_them(tmp_path: Path) -> None:
+    """Each read past the middle of what was asked for asks for the next WILL_NEED bytes
+    (contiguous ranges); reads going backwards ask for nothing."""
+    asked: list[tuple[int, int]] = []
+
+    class Watched(OsDisk):
+        def open_read(self, path: str) -> Any:
+            f = super().open_read(path)
+
+            class Reader:
+                def pread(self, size: int, offset: int) -> bytes:
+                    return f.pread(size, offset)
+
+                def will_need(self, offset: int, size: int) -> None:
+                    asked.append((offset, size))
+
+                def close(self) -> None:
+                    f.close()
+
+            return Reader()
+
+    s = SegmentStore(Watched(), str(tmp_path), segment_bytes=64 << 20, flush_bytes=512)
+    s.truncate_to([])
+    body = b"p" * 1000
+    where = [s.append("t.1", q, AT, body) for q in range(1, 10_001)]  # ~10 MB, one segment
+    s.sync()
+    for q, (loc, n) in enumerate(where, 1):
+        assert s.read("t.1", q, loc, n) == (body, None)
+    starts = [a for a, _ in asked]
+    assert len(asked) >= 3 and starts[0] < 2 * len(body) and starts == sorted(starts)
+    assert all(a + size == b for (a, size), b in zip(asked, starts[1:], strict=False))
+    assert all(size == WILL_NEED for _, size in asked)
+    end = where[-1][0] + where[-1][1]
+    assert starts[-1] <= end < starts[-1] + WILL_NEED  # never far past the last read
+    asked.clear()
+    for q in range(10_000, 0, -7):
+        loc, n = where[q - 1]
+        assert s.read("t.1", q, loc, n) == (body, None)
+    assert asked == []
+    s.close()

@@ -22,6 +22,9 @@ class _Reader:
             raise OSError(errno.EIO, "Input/output error")
         return self.r.pread(size, offset)
 
+    def will_need(self, offset: int, size: int) -> None:
+        self.r.will_need(offset, size)
+
     def close(self) -> None:
         self.r.close()
 

@@ -138,6 +138,9 @@ def test_a_slice_reads_a_run_of_cooled_entries_at_once(tmp_path: Path) -> None:
                     preads.append(size)
                     return r.pread(size, offset)
 
+                def will_need(self, offset: int, size: int) -> None:
+                    pass
+
                 def close(self) -> None:
                     r.close()
 
@@ -234,6 +237,9 @@ def test_a_failed_read_back_is_a_storage_error(tmp_path: Path) -> None:
     class _Reader:
         def pread(self, size: int, offset: int) -> bytes:
             raise OSError(errno.EIO, "Input/output error")
+
+        def will_need(self, offset: int, size: int) -> None:
+            pass
 
         def close(self) -> None:
             pass

@@ -58,6 +58,9 @@ class _MemReader:
     def pread(self, size: int, offset: int) -> bytes:
         return bytes(self.data[offset : offset + size])
 
+    def will_need(self, offset: int, size: int) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

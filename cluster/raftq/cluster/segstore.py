@@ -103,6 +103,9 @@ READERS = 64  # open read handles kept (least recently used closed first)
 CACHE_RECORDS = 32  # decoded records kept for reads (least recently used dropped first)
 CACHE_BYTES = 16 << 20  # ... and at most this many of their bytes
 READ_AHEAD = 256  # a read of a record not cached reads at least this much at once
+WILL_NEED = 4 << 20  # reads going forward through a segment have this much after them asked
+# for (posix_fadvise WILLNEED) when they pass the middle of what was asked for last: consuming a
+# backlog after a restart (page cache cold) waited on each read on the apply thread
 EXPORT_CHUNK = 1 << 20
 SEG_MAGIC = b"RAFTQS2\n"
 _SEG = struct.Struct("<Q")  # segno
@@ -483,6 +486,7 @@ class SegmentStore:
         self.open_bytes = OPEN_BYTES
         self._dropped: set[str] = set()  # keys never to be used again (in this process)
         self._readers: OrderedDict[str, ReadFile] = OrderedDict()
+        self._ahead: dict[str, tuple[int, int]] = {}  # by reader: last read's end, asked for to
         self._cache: OrderedDict[tuple[str, int], Record] = OrderedDict()  # (path, offset)
         self._cached = 0  # bytes of the cached records
         self._names_dirty = False  # a segment was created since the last directory sync
@@ -800,10 +804,19 @@ class SegmentStore:
                 f = self.disk.open_read(path)
                 self._readers[path] = f
                 if len(self._readers) > READERS:
-                    self._readers.popitem(last=False)[1].close()
+                    old, r = self._readers.popitem(last=False)
+                    self._ahead.pop(old, None)
+                    r.close()
             else:
                 self._readers.move_to_end(path)
-            return f.pread(size, offset)
+            data = f.pread(size, offset)
+            last, asked = self._ahead.get(path, (-1, 0))
+            if 0 <= offset - last < WILL_NEED and offset + size > asked - WILL_NEED // 2:
+                start = max(asked, offset + size)
+                f.will_need(start, WILL_NEED)
+                asked = start + WILL_NEED
+            self._ahead[path] = (offset + size, asked)
+            return data
         except OSError as e:
             raise self._fail(path, "read failed", e) from e
 
@@ -1274,6 +1287,7 @@ class SegmentStore:
 
     def _forget_reader(self, path: str) -> None:
         r = self._readers.pop(path, None)
+        self._ahead.pop(path, None)
         if r is not None:
             with contextlib.suppress(OSError):
                 r.close()

@@ -102,6 +102,7 @@ class DiskFile(Protocol):
 
 class ReadFile(Protocol):
     def pread(self, size: int, offset: int) -> bytes: ...  # shorter at the end of the file
+    def will_need(self, offset: int, size: int) -> None: ...  # a hint: see _OsReader
     def close(self) -> None: ...
 
 
@@ -173,6 +174,11 @@ class _OsReader:
 
     def pread(self, size: int, offset: int) -> bytes:
         return os.pread(self.fd, size, offset)
+
+    def will_need(self, offset: int, size: int) -> None:
+        """Start reading ``size`` bytes at ``offset`` into the page cache, not waiting for
+        them (posix_fadvise WILLNEED)."""
+        os.posix_fadvise(self.fd, offset, size, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
         os.close(self.fd)
