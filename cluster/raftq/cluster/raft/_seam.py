@@ -1054,6 +1054,11 @@ class Raft:
             others.only = None
             b._SyncObj__newAppendEntriesTime = heartbeat
 
+    def unsent_bytes(self, node: Node) -> int:
+        """Bytes queued for ``node``'s connection that its socket has not taken yet."""
+        conn = self._transport._connections.get(node)
+        return 0 if conn is None else int(conn.getSendBufferSize())
+
     def send_now(self, node: Node, message: Any) -> bool:
         """Frame and write ``message`` to ``node``'s connection now: pysyncobj's framing, with
         pickle protocol 4, a stored zlib stream and ``_Sealer`` parts gathered by one
