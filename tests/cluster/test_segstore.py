@@ -17,6 +17,7 @@ from tests.raft.simdisk import FileWrapper, SimDisk, power_loss
 from raftq.cluster.segstore import (
     SEG_HEAD,
     WILL_NEED,
+    WILL_NEED_FIRST,
     WRITEBACK_BYTES,
     Marks,
     SegmentStore,
@@ -918,8 +919,8 @@ def test_writeback_starts_as_each_mib_is_written(tmp_path: Path, fsync: bool) ->
 
 
 def test_reads_going_forward_ask_for_what_follows_them(tmp_path: Path) -> None:
-    """Each read past the middle of what was asked for asks for the next WILL_NEED bytes
-    (contiguous ranges); reads going backwards ask for nothing."""
+    """Each read past the middle of what was asked for asks for what follows (contiguous
+    ranges, doubling up to WILL_NEED); reads going backwards ask for nothing."""
     asked: list[tuple[int, int]] = []
 
     class Watched(OsDisk):
@@ -948,9 +949,11 @@ def test_reads_going_forward_ask_for_what_follows_them(tmp_path: Path) -> None:
     starts = [a for a, _ in asked]
     assert len(asked) >= 3 and starts[0] < 2 * len(body) and starts == sorted(starts)
     assert all(a + size == b for (a, size), b in zip(asked, starts[1:], strict=False))
-    assert all(size == WILL_NEED for _, size in asked)
+    sizes = [size for _, size in asked]
+    assert sizes[0] == WILL_NEED_FIRST and sizes[1] == 2 * WILL_NEED_FIRST
+    assert sizes[-1] == WILL_NEED and sizes == sorted(sizes)
     end = where[-1][0] + where[-1][1]
-    assert starts[-1] <= end < starts[-1] + WILL_NEED  # never far past the last read
+    assert starts[-1] - WILL_NEED < end < starts[-1] + WILL_NEED  # (not far past the reads)
     asked.clear()
     for q in range(10_000, 0, -7):
         loc, n = where[q - 1]
