@@ -40,6 +40,7 @@ from raftq.cluster.raft._tuning import (
     PICKLE_PROTOCOL,
     PRE_AUTH_FRAME,
     RECONNECT,
+    SEND_AHEAD,
     TICK,
     WARN_EVERY,
 )
@@ -807,6 +808,7 @@ class Raft:
         self.func_id = b._methodToID[b._getFuncName("raftq_apply")]
         self.tick = b.doTick
         self.poll = b._poller.poll
+        b._SyncObj__sendAppendEntries = self._send_appends(b._SyncObj__sendAppendEntries)
         self.send_append_entries = b._SyncObj__sendAppendEntries
         self.handle_message = b._SyncObj__onMessageReceived
         transport.send = hooks.send
@@ -1040,12 +1042,40 @@ class Raft:
 
     # ------------------------------------------------------------------ sends and receives
 
-    def send_append_entries_to(self, nodes: set[Node]) -> None:
-        """pysyncobj's append send to just ``nodes``; the others' next heartbeat is not moved."""
+    def _members(self) -> _Members:
         b = self._b
         others = b._SyncObj__otherNodes
         if not isinstance(others, _Members):  # pysyncobj replaces it on a snapshot install
             others = b._SyncObj__otherNodes = _Members(others)
+        return others
+
+    def _send_appends(self, send: Callable[[], None]) -> Callable[[], None]:
+        """pysyncobj's append send (``send``), installed in its place (its own calls too),
+        passing over the followers whose connection holds more than SEND_AHEAD unsent: it
+        sends a lagging follower 8 MB batches for up to APPEND_PERIOD a call, however much is
+        still queued for it (a new member catching up queued tens of MB on the leader). What
+        is queued reaches it, so it hears from its leader."""
+        connections = self._transport._connections
+
+        def send_appends() -> None:
+            full = {n for n, c in connections.items() if c.getSendBufferSize() > SEND_AHEAD}
+            if not full:
+                send()
+                return
+            others = self._members()
+            only = others.only
+            others.only = (set(others) if only is None else only) - full
+            try:
+                send()
+            finally:
+                others.only = only
+
+        return send_appends
+
+    def send_append_entries_to(self, nodes: set[Node]) -> None:
+        """pysyncobj's append send to just ``nodes``; the others' next heartbeat is not moved."""
+        b = self._b
+        others = self._members()
         heartbeat = b._SyncObj__newAppendEntriesTime
         others.only = nodes
         try:
