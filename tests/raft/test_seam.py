@@ -300,3 +300,43 @@ def test_the_snapshot_writer_module_loads_the_executor_before_any_fork() -> None
         "sys.exit(0 if 'concurrent.futures.thread' in sys.modules else 1)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_the_append_send_passes_over_a_connection_holding_send_ahead() -> None:
+    """pysyncobj's send loop (``members | readonly``) sees the members less those whose
+    connection holds more than SEND_AHEAD unsent, whose queue is pushed on instead; a send
+    to chosen nodes (``only``) keeps its choice less those; both are restored after."""
+    from types import SimpleNamespace
+
+    from raftq.cluster.raft._seam import Raft, _Members
+    from raftq.cluster.raft._tuning import SEND_AHEAD
+
+    pushed: list[str] = []
+
+    def conn(name: str, unsent: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            getSendBufferSize=lambda: unsent,
+            _TcpConnection__trySendBuffer=lambda: pushed.append(name),
+        )
+
+    raft = Raft.__new__(Raft)
+    members = _Members({"n2", "n3", "n4"})
+    raft._b = SimpleNamespace(_SyncObj__otherNodes=members)
+    raft._transport = SimpleNamespace(
+        _connections={
+            "n2": conn("n2", SEND_AHEAD + 1),
+            "n3": conn("n3", SEND_AHEAD),
+            "n4": conn("n4", 0),
+        }
+    )
+    seen: list[set[str]] = []
+    send = raft._send_appends(lambda: seen.append(members | {"r1"}))
+    send()
+    assert seen == [{"n3", "n4", "r1"}] and pushed == ["n2"] and members.only is None
+    members.only = {"n2", "n4"}
+    send()
+    assert seen[-1] == {"n4", "r1"} and members.only == {"n2", "n4"}
+    members.only = None
+    raft._transport._connections["n2"] = conn("n2", 0)
+    send()
+    assert seen[-1] == {"n2", "n3", "n4", "r1"} and pushed == ["n2", "n2"]

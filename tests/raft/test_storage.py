@@ -13,7 +13,6 @@ import pytest
 
 from raftq.cluster.raft import RaftConfig, RaftNode
 from raftq.cluster.raft._snapshots import _jitter, _Snapshots
-from raftq.cluster.raft._tuning import SEND_AHEAD
 from raftq.cluster.storage import (
     SEGMENT_HEADER,
     DiskFile,
@@ -560,21 +559,3 @@ def test_remove_slowly_frees_a_file_in_steps_its_name_gone_first(
     assert cuts == [(6 << 20, False), (2 << 20, False), (0, False)]
     assert not path.exists()
     disk.remove_slowly(str(path))  # (a file already gone: nothing to do)
-
-
-def test_snapshot_parts_wait_while_a_followers_connection_holds_send_ahead() -> None:
-    """The next part is not queued behind SEND_AHEAD unsent bytes (a heartbeat goes instead):
-    the store's files streamed to a new member piled up on the leader."""
-    unsent = [SEND_AHEAD + 1]
-    snaps = _Snapshots.__new__(_Snapshots)
-    snaps._pid, snaps._writer, snaps._tx, snaps._disk, snaps._chunk = 0, None, {}, None, 4
-    snaps._raft = SimpleNamespace(unsent_bytes=lambda node: unsent[0])  # type: ignore[assignment]
-    snaps._owner = SimpleNamespace(broker=SimpleNamespace(store=None))  # type: ignore[assignment]
-    snaps._read = lambda: b"0123456789"  # type: ignore[method-assign]
-    assert snaps.getTransmissionData("n2") is None and snaps._tx == {}
-    unsent[0] = SEND_AHEAD
-    assert snaps.getTransmissionData("n2") == (b"S0123", True, False)
-    unsent[0] = SEND_AHEAD + 1
-    assert snaps.getTransmissionData("n2") is None
-    unsent[0] = 0
-    assert snaps.getTransmissionData("n2") == (b"S4567", False, False)

@@ -488,7 +488,7 @@ class SegmentStore:
         self.open_bytes = OPEN_BYTES
         self._dropped: set[str] = set()  # keys never to be used again (in this process)
         self._readers: OrderedDict[str, ReadFile] = OrderedDict()
-        # by reader: the last read's end, asked for up to there, the next ask's size
+        # by reader: the last read's end, asked for up to there, the last ask's size
         self._ahead: dict[str, tuple[int, int, int]] = {}
         self._cache: OrderedDict[tuple[str, int], Record] = OrderedDict()  # (path, offset)
         self._cached = 0  # bytes of the cached records
@@ -813,11 +813,11 @@ class SegmentStore:
             else:
                 self._readers.move_to_end(path)
             data = f.pread(size, offset)
-            last, asked, ask = self._ahead.get(path, (-1, 0, WILL_NEED_FIRST))
+            last, asked, ask = self._ahead.get(path, (-1, 0, 0))
             if 0 <= offset - last < WILL_NEED and offset + size > asked - ask // 2:
-                start = max(asked, offset + size)
+                start, ask = max(asked, offset + size), min(2 * ask, WILL_NEED) or WILL_NEED_FIRST
                 f.will_need(start, ask)
-                asked, ask = start + ask, min(2 * ask, WILL_NEED)
+                asked = start + ask
             self._ahead[path] = (offset + size, asked, ask)
             return data
         except OSError as e:

@@ -177,8 +177,11 @@ class _OsReader:
 
     def will_need(self, offset: int, size: int) -> None:
         """Start reading ``size`` bytes at ``offset`` into the page cache, not waiting for
-        them (posix_fadvise WILLNEED)."""
-        os.posix_fadvise(self.fd, offset, size, os.POSIX_FADV_WILLNEED)
+        them (posix_fadvise WILLNEED; where there is none, nothing). A hint: a failure is
+        no reason to stop."""
+        if hasattr(os, "posix_fadvise"):
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(self.fd, offset, size, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
         os.close(self.fd)

@@ -147,6 +147,7 @@ READ: dict[str, tuple[str, ...]] = {
 
 WRITTEN: dict[str, tuple[str, ...]] = {
     _SYNCOBJ: (
+        "_SyncObj__sendAppendEntries",  # Raft._send_appends, in its place on the instance
         "_SyncObj__raftLog",
         "_SyncObj__serializer",
         "_SyncObj__encryptor",
@@ -1052,9 +1053,11 @@ class Raft:
     def _send_appends(self, send: Callable[[], None]) -> Callable[[], None]:
         """pysyncobj's append send (``send``), installed in its place (its own calls too),
         passing over the followers whose connection holds more than SEND_AHEAD unsent: it
-        sends a lagging follower 8 MB batches for up to APPEND_PERIOD a call, however much is
-        still queued for it (a new member catching up queued tens of MB on the leader). What
-        is queued reaches it, so it hears from its leader."""
+        sends a lagging follower 8 MB batches or 1 MiB snapshot parts for up to APPEND_PERIOD
+        a call, however much is still queued for it (a new member catching up queued 100+ MB
+        on the leader). What is queued reaches it, so it hears from its leader; the queue is
+        pushed on (a connection whose peer stopped reading times out there, as a send's
+        would)."""
         connections = self._transport._connections
 
         def send_appends() -> None:
@@ -1062,6 +1065,8 @@ class Raft:
             if not full:
                 send()
                 return
+            for n in full:
+                connections[n]._TcpConnection__trySendBuffer()
             others = self._members()
             only = others.only
             others.only = (set(others) if only is None else only) - full
@@ -1083,11 +1088,6 @@ class Raft:
         finally:
             others.only = None
             b._SyncObj__newAppendEntriesTime = heartbeat
-
-    def unsent_bytes(self, node: Node) -> int:
-        """Bytes queued for ``node``'s connection that its socket has not taken yet."""
-        conn = self._transport._connections.get(node)
-        return 0 if conn is None else int(conn.getSendBufferSize())
 
     def send_now(self, node: Node, message: Any) -> bool:
         """Frame and write ``message`` to ``node``'s connection now: pysyncobj's framing, with

@@ -36,7 +36,6 @@ from raftq.cluster.raft._seam import SERIALIZER_STATE, Raft, make_node
 from raftq.cluster.raft._tuning import (
     COMPACTION_BYTES,
     INLINE_SNAPSHOT_US,
-    SEND_AHEAD,
     SNAPSHOT_SYNC_EVERY,
 )
 from raftq.cluster.segstore import Export, Marks, StoreImporter, sync_marked
@@ -340,8 +339,8 @@ class _Snapshots:
     def getTransmissionData(self, key: Any) -> tuple[bytes, bool, bool] | None:
         """The next part of the snapshot for follower ``key`` (pysyncobj's tick thread, which
         applies too: the export pins its segments where the marks hold)."""
-        if self._busy() or self._raft.unsent_bytes(key) > SEND_AHEAD:
-            return None  # (the follower is sent an empty part: a heartbeat)
+        if self._busy():
+            return None
         tx = self._tx.get(key)
         first = tx is None
         if tx is None:

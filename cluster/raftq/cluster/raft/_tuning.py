@@ -57,9 +57,9 @@ COMPACTION_ENTRIES = 10_000  # entries stay in RAM until compacted: 10k batches 
 COMPACTION_SECONDS = 300.0
 INLINE_SNAPSHOT_US = 20_000  # a state whose snapshot takes about this long or less (Broker.
 # snapshot_cost) is serialized on the tick thread, no fork: a heartbeat waits at most ~20 ms.
-SEND_AHEAD = 8 << 20  # no more appends or snapshot parts (heartbeats instead) are queued for a
-# follower whose connection holds this much unsent: a new member's store files (1.1 GB for 10M
-# x 100 B) and then its entries queued on the leader faster than the follower took them
+SEND_AHEAD = 8 << 20  # pysyncobj's send passes over a follower whose connection holds this
+# much unsent (Raft._send_appends): a new member's store files (1.1 GB for 10M x 100 B) and then
+# its entries queued on the leader faster than the follower took them
 SNAPSHOT_SYNC_EVERY = 4 << 20  # the snapshot writer's flushes, so journal fsyncs pass between
 COMPACTION_BYTES = 64 << 20  # also snapshot after this many entry bytes (or the last snapshot's
 # size, when larger: _snapshots.py). Entries stay in RAM until then, so this bounds the journal's
