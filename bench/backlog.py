@@ -15,12 +15,13 @@ fresh local cluster of 3 nodes, fsync always, access control on (``raftq.node.be
   settled (``VmRSS`` --settle s after every node has applied everything); data on disk per
   node (the whole data dir: journal, snapshots, a payload store if there is one) and the
   snapshot's size;
-- warm consume (after --settle: a snapshot of the fill may be being cut before): --consume
-  messages received (stream, prefetch 100) and acked, rate until the acks are applied;
 - restart: every node stopped (SIGTERM) and started: seconds until a publish is accepted and
   until every node is ready; RSS after;
-- cold consume: --settle s later, the page cache dropped (``/proc/sys/vm/drop_caches``, when
-  permitted; the report says when not), then --consume other messages; rate, ratio to warm;
+- cold and warm consume, --settle s after the restart: --rounds pairs of consumes of --consume
+  messages each (stream, prefetch 100, acked; rate until the acks are applied), one cold (the
+  page cache dropped just before: ``/proc/sys/vm/drop_caches``, when permitted; the report
+  says when not) and one warm (every node's data dir read just before), alternating
+  cold-warm, warm-cold, ...; each pair's cold/warm and the ratio of the medians;
 - join: the consumed messages published again (N retained), then a new empty node started and
   added as a member; seconds until it has applied the leader's commit index, peak RSS of the
   new node and of the leader meanwhile.
@@ -39,10 +40,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -143,6 +146,49 @@ def drop_page_cache() -> str:
         return "dropped"
     except OSError as e:
         return f"not dropped ({e.strerror or e}: not permitted here); cold = after restart only"
+
+
+def read_through(dirs: list[Path]) -> float:
+    """Reads every file under ``dirs`` (one thread each) so the page cache holds them; MB."""
+
+    def one(d: Path) -> int:
+        total = 0
+        for path in d.rglob("*"):
+            with contextlib.suppress(OSError), open(path, "rb", buffering=0) as f:
+                while chunk := f.read(8 * MB):
+                    total += len(chunk)
+        return total
+
+    with concurrent.futures.ThreadPoolExecutor(len(dirs) or 1) as pool:
+        return round(sum(pool.map(one, dirs)) / MB, 1)
+
+
+async def cold_and_warm(
+    cl: LocalCluster, topics: list[str], count: int, rounds: int
+) -> dict[str, Any]:
+    """``rounds`` pairs of consumes of ``count`` messages each, one cold (the page cache
+    dropped just before) and one warm (every node's data dir read just before), in the order
+    cold-warm, warm-cold, ... so a drift of the VM's speed falls on both alike. Each consume
+    takes the next messages (topics in order), which no one has read since the restart.
+    Reported: the rates, each pair's cold/warm and the ratio of the medians."""
+    rates: dict[str, list[int]] = {"cold": [], "warm": []}
+    out: dict[str, Any] = {"consumed_each": count, "rounds": rounds, "warmed_mb": []}
+    for r in range(rounds):
+        for kind in ("cold", "warm") if r % 2 == 0 else ("warm", "cold"):
+            if kind == "cold":
+                out["page_cache"] = await asyncio.to_thread(drop_page_cache)
+            else:
+                dirs = [cl.dir / nid for nid in cl.procs]
+                out["warmed_mb"].append(await asyncio.to_thread(read_through, dirs))
+            async with cl.client(cl.urls(), timeout=120) as c:
+                rates[kind].append(round(count / await consume(c, topics, count)))
+    out["cold_consume_rates"], out["warm_consume_rates"] = rates["cold"], rates["warm"]
+    pairs = zip(rates["cold"], rates["warm"], strict=True)
+    out["cold_over_warm_pairs"] = [round(c / w, 2) for c, w in pairs]
+    out["cold_consume_rate"] = statistics.median(rates["cold"])
+    out["warm_consume_rate"] = statistics.median(rates["warm"])
+    out["cold_over_warm"] = round(out["cold_consume_rate"] / out["warm_consume_rate"], 2)
+    return out
 
 
 # ---------------------------------------------------------------------- memory cgroups
@@ -339,14 +385,7 @@ async def one_load(n: int, size: int, ntopics: int, args: argparse.Namespace) ->
         print(f"  fill {row['fill_s']} s ({row['fill_rate']}/s); RSS peak {row['rss_peak_mb']}"
               f" settled {row['rss_settled_mb']}; disk MB {row['disk_mb']}; snapshot MB "
               f"{row['snapshot_mb']}", flush=True)  # fmt: skip
-        count = max(1, min(args.consume, n // 2))
-        # Warm from the first topics, cold from the second half (or the rest of one topic).
-        warm_topics = topics[: max(1, ntopics // 2)]
-        cold_topics = topics[ntopics // 2 :] if ntopics > 1 else topics
-        async with cl.client(cl.urls(), timeout=120) as c:
-            secs = await consume(c, warm_topics, count)
-        row["warm_consume_rate"] = round(count / secs)
-
+        count = max(1, min(args.consume, n // (2 * args.rounds)))
         t0 = time.perf_counter()
         cl.stop(remove=False)
         row["stop_s"] = round(time.perf_counter() - t0, 2)
@@ -358,19 +397,16 @@ async def one_load(n: int, size: int, ntopics: int, args: argparse.Namespace) ->
         ok = await ready(cl, 300)
         row["restart_ready_s"] = round(time.perf_counter() - t0, 2) if ok else None
         row["rss_after_restart_mb"] = rss(cl)
-        await asyncio.sleep(args.settle)  # (as before the warm one)
-        row["page_cache"] = drop_page_cache()
-        async with cl.client(cl.urls(), timeout=120) as c:
-            secs = await consume(c, cold_topics, count)
-        row["cold_consume_rate"] = round(count / secs)
-        row["consumed_each"] = count
-        row["cold_over_warm"] = round(row["cold_consume_rate"] / row["warm_consume_rate"], 2)
-        print(f"  consume+ack warm {row['warm_consume_rate']}/s, cold {row['cold_consume_rate']}"
-              f"/s ({row['page_cache']}); restart -> publish {row['restart_publish_s']} s, "
-              f"-> all ready {row['restart_ready_s']} s", flush=True)  # fmt: skip
+        await asyncio.sleep(args.settle)
+        row.update(await cold_and_warm(cl, topics, count, args.rounds))
+        print(f"  consume+ack warm {row['warm_consume_rates']}/s, cold {row['cold_consume_rates']}"
+              f"/s ({row['page_cache']}): cold/warm per pair {row['cold_over_warm_pairs']}, of "
+              f"the medians {row['cold_over_warm']}; restart -> publish "
+              f"{row['restart_publish_s']} s, -> all ready {row['restart_ready_s']} s",
+              flush=True)  # fmt: skip
         if not args.no_join:  # of the whole backlog: the consumed messages published again
             async with cl.client(cl.urls(), timeout=120) as c:
-                await fill(c, topics, 2 * count, size)
+                await fill(c, topics, 2 * args.rounds * count, size)
             await ready(cl, 300)
             row.update(await join(cl))
             print(f"  join: caught up in {row['join_s']} s; peak RSS new {row['join_rss_new_mb']}"
@@ -637,12 +673,15 @@ def main() -> int:
     p.add_argument("--loads", default="10000000x100,2000000x1024",
                    help="N x S backlogs (default: the issue's)")  # fmt: skip
     p.add_argument("--topics", default="1,100", help="spread each load over this many topics")
-    p.add_argument("--consume", type=int, default=200_000, help="messages consumed warm and cold")
+    p.add_argument("--consume", type=int, default=100_000,
+                   help="messages consumed in each cold and each warm round")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=3,
+                   help="pairs of cold and warm consumes after the restart")  # fmt: skip
     p.add_argument(
         "--settle",
         type=float,
         default=10.0,
-        help="seconds after the fill before the settled RSS and the warm consume",
+        help="seconds after the fill before the settled RSS, and after the restart",
     )
     p.add_argument("--no-join", action="store_true", help="skip adding a fourth node")
     p.add_argument(
@@ -659,12 +698,13 @@ def main() -> int:
     p.add_argument("--cap-timeout", type=float, default=1800, help="bound of the cap case (s)")
     p.add_argument("--only-cap", action="store_true", help="the memory-cap case alone")
     p.add_argument("--quick", action="store_true",
-                   help="smoke scale: 3000 x 100 B over 2 topics, no cap case")  # fmt: skip
+                   help="smoke: 3000 x 100 B over 2 topics, 2 rounds, no cap case")  # fmt: skip
     p.add_argument("--keep", action="store_true", help="keep the data dirs (printed)")
     p.add_argument("--out", default="backlog-results.json")
     args = p.parse_args()
     if args.quick:
-        args.loads, args.topics, args.consume, args.settle = "3000x100", "2", 500, 0.2
+        args.loads, args.topics, args.consume, args.settle = "3000x100", "2", 200, 0.2
+        args.rounds = 2
         args.cap_mb = 0
     rows: list[dict[str, Any]] = []
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -41,6 +41,9 @@ def test_quick_scale_measures_fill_restart_consume_and_join(tmp_path: Path) -> N
         assert all(v > 0 for v in row[key].values()), key
     assert row["restart_publish_s"] > 0 and row["restart_ready_s"] is not None
     assert row["warm_consume_rate"] > 0 and row["cold_consume_rate"] > 0
+    assert row["rounds"] == 2 and len(row["cold_over_warm_pairs"]) == 2
+    assert all(r > 0 for r in row["cold_consume_rates"] + row["warm_consume_rates"])
+    assert len(row["warmed_mb"]) == 2 and all(mb > 0 for mb in row["warmed_mb"])
     assert row["join_s"] > 0 and row["join_rss_new_mb"] > 0
     assert "| 3,000 x 100 B, 2 topic(s) |" in run.stdout
 
