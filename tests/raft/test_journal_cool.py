@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from raftq.cluster.journal import COOL_MARGIN, Journal
 from raftq.cluster.storage import (
-    COOL_MARGIN,
-    Journal,
     OsDisk,
     ReadFile,
     StorageCorrupt,

@@ -37,7 +37,7 @@ SEAM = PACKAGE / "_seam.py"
 SOURCES = [ROOT / "cluster", ROOT / "node", ROOT / "client", ROOT / "chaos", ROOT / "bench"]
 # Single-underscore names pysyncobj also uses that raftq code outside the seam may use: its own.
 OWN = {
-    "_destroy": "storage.Journal's (the journal interface pysyncobj calls)",
+    "_destroy": "journal.Journal's (the journal interface pysyncobj calls)",
     "_id": "_Snapshots' own field",
     "_exit": "os._exit",
 }
@@ -164,9 +164,9 @@ def test_every_declared_name_exists_in_the_installed_pysyncobj() -> None:
 
 
 def test_raftq_implements_the_interfaces_it_stands_in_for() -> None:
+    from raftq.cluster.journal import Journal
     from raftq.cluster.raft._snapshots import _Snapshots
     from raftq.cluster.raft._wire import _Sealer
-    from raftq.cluster.storage import Journal
 
     for cls, path in (
         (Journal, "pysyncobj.journal.Journal"),

@@ -11,12 +11,11 @@ from types import SimpleNamespace
 import msgpack
 import pytest
 
+from raftq.cluster.journal import SEGMENT_HEADER, Journal
 from raftq.cluster.raft import RaftConfig, RaftNode
 from raftq.cluster.raft._snapshots import _jitter, _Snapshots
 from raftq.cluster.storage import (
-    SEGMENT_HEADER,
     DiskFile,
-    Journal,
     MetaStore,
     OsDisk,
     StorageCorrupt,

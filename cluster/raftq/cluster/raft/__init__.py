@@ -19,7 +19,7 @@ loop tick's poll, the flush after a tick, an append) stops the node as a storage
 
 What it changes in pysyncobj's behaviour:
 
-* journal: ``storage.Journal`` (checksummed, fdatasync'ed segment files) replaces pysyncobj's
+* journal: ``journal.Journal`` (checksummed, fdatasync'ed segment files) replaces pysyncobj's
   journal; the tick loop syncs once per tick after every append, before a leader counts itself
   toward a majority (that happens at the start of the next tick) and before a follower's
   acknowledgements (``next_node_idx`` messages are held back until the sync) leave the node;

@@ -9,10 +9,11 @@ import logging
 import os
 import time
 
+from raftq.cluster.journal import Entry, Journal
 from raftq.cluster.raft._seam import Raft
 from raftq.cluster.raft._tuning import COMMIT_MARK_EVERY
 from raftq.cluster.raft._types import RaftError
-from raftq.cluster.storage import CommitMark, Entry, Journal
+from raftq.cluster.storage import CommitMark
 
 log = logging.getLogger("raftq.cluster.raft")  # one logger for the whole package
 

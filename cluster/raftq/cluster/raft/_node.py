@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from raftq.cluster.entry import encode_entry
+from raftq.cluster.journal import Journal
 from raftq.cluster.raft._elections import Elections, PreVote
 from raftq.cluster.raft._events import Changes
 from raftq.cluster.raft._files import (
@@ -75,7 +76,6 @@ from raftq.cluster.state import Broker
 from raftq.cluster.storage import (
     CommitMark,
     Disk,
-    Journal,
     MetaStore,
     OsDisk,
     StorageCorrupt,

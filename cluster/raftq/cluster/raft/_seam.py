@@ -188,7 +188,7 @@ CALLED: dict[str, tuple[str, ...]] = {
 }
 
 # Interfaces raftq's own objects implement in place of pysyncobj's: the names pysyncobj calls on
-# them (storage.Journal, _snapshots._Snapshots, _wire._Sealer as conn.encryptor).
+# them (journal.Journal, _snapshots._Snapshots, _wire._Sealer as conn.encryptor).
 IMPLEMENTED: dict[str, tuple[str, ...]] = {
     _JOURNAL: (
         "add",

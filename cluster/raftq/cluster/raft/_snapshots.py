@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from raftq.cluster.journal import Entry
 from raftq.cluster.raft._files import drop_inherited_locks
 from raftq.cluster.raft._seam import SERIALIZER_STATE, Raft, make_node
 from raftq.cluster.raft._tuning import (
@@ -42,7 +43,6 @@ from raftq.cluster.segstore import Export, Marks, StoreImporter, sync_marked
 from raftq.cluster.state import Broker
 from raftq.cluster.storage import (
     Disk,
-    Entry,
     StorageCorrupt,
     StorageError,
     seal_parts,
