@@ -797,6 +797,38 @@ async def test_new_entries_go_at_once_only_to_the_followers_a_majority_needs(
         await ns.close()
 
 
+def test_a_follower_whose_connection_is_backed_up_is_not_chosen_for_the_quorum() -> None:
+    """pysyncobj moves a follower's next index when it queues entries, so one whose connection
+    holds more than SEND_AHEAD unsent looks current; the append send passes over it, so a
+    quorum that picked it would wait for a rescue: the next in line is chosen instead, and
+    with too few left the caller sends to everyone."""
+    from collections import namedtuple
+    from types import SimpleNamespace
+
+    from raftq.cluster.raft._replication import Replication
+
+    peer = namedtuple("peer", "id")
+    n2, n3 = peer("n2"), peer("n3")
+    full: set[object] = set()
+    sent: list[set[object]] = []
+    raft = SimpleNamespace(
+        other_nodes={n2, n3},
+        next_index={n2: 20, n3: 20},
+        connected_nodes={n2, n3},
+        backed_up=lambda: set(full),
+        send_append_entries_to=sent.append,
+        send_now=lambda node, message: True,
+    )
+    rep = Replication(SimpleNamespace(_raft=raft, stats={}), True, True)  # type: ignore[arg-type]
+    assert rep.send_new(10) and sent[-1] == {n2}  # (by id)
+    full.add(n2)
+    assert rep.send_new(11) and sent[-1] == {n3} and rep.quorum == [n3]
+    full.clear()
+    assert rep.send_new(12) and sent[-1] == {n3}  # (kept from one entry to the next)
+    full.update({n2, n3})
+    assert not rep.send_new(13) and len(sent) == 3 and rep.quorum == []
+
+
 async def test_a_stalled_quorum_follower_is_replaced_by_the_first_to_acknowledge(
     tmp_path: Path,
 ) -> None:

@@ -77,13 +77,18 @@ class Replication:
         """Send entries from ``first_new`` on to followers that have everything before them
         (no catch-up: that may be large and is the tick thread's job). With quorum sends, only
         to as many as a majority needs, kept from one entry to the next; the heartbeat carries
-        them to the rest. False when too few such followers are connected: the caller sends to
-        everyone instead."""
+        them to the rest. A follower whose connection is backed up is not ready: the send
+        would pass over it (``Raft.backed_up``; pysyncobj moves its next index when it queues,
+        so it may look current) and the commit would wait for a rescue. False when too few
+        such followers are connected: the caller sends to everyone instead."""
         raft = self._raft
         others = raft.other_nodes
         nxt = raft.next_index
         connected = raft.connected_nodes
-        ready = [n for n in others if n in connected and nxt.get(n, 0) >= first_new]
+        full = raft.backed_up()
+        ready = [
+            n for n in others if n in connected and n not in full and nxt.get(n, 0) >= first_new
+        ]
         if not self.quorum_sends or len(others) < 2:
             if len(ready) < len(others):
                 return False

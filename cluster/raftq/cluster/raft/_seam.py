@@ -1061,7 +1061,7 @@ class Raft:
         connections = self._transport._connections
 
         def send_appends() -> None:
-            full = {n for n, c in connections.items() if c.getSendBufferSize() > SEND_AHEAD}
+            full = self.backed_up()
             if not full:
                 send()
                 return
@@ -1076,6 +1076,13 @@ class Raft:
                 others.only = only
 
         return send_appends
+
+    def backed_up(self) -> set[Node]:
+        """The followers whose connection holds more than SEND_AHEAD unsent: appends pass
+        over them (``_send_appends``) until it drains."""
+        return {
+            n for n, c in self._transport._connections.items() if c.getSendBufferSize() > SEND_AHEAD
+        }
 
     def send_append_entries_to(self, nodes: set[Node]) -> None:
         """pysyncobj's append send to just ``nodes``; the others' next heartbeat is not moved."""
