@@ -827,6 +827,15 @@ def test_a_follower_whose_connection_is_backed_up_is_not_chosen_for_the_quorum()
     assert rep.send_new(12) and sent[-1] == {n3}  # (kept from one entry to the next)
     full.update({n2, n3})
     assert not rep.send_new(13) and len(sent) == 3 and rep.quorum == []
+    # Sending to everyone: a backed-up follower is passed over, not waited for.
+    everyone: list[bool] = []
+    raft.send_append_entries = lambda: everyone.append(True)
+    rep = Replication(SimpleNamespace(_raft=raft, stats={}), True, False)  # type: ignore[arg-type]
+    full.clear()
+    full.add(n2)
+    assert rep.send_new(14) and everyone == [True]
+    raft.next_index[n3] = 5  # (behind: catching up is the tick thread's job)
+    assert not rep.send_new(14) and everyone == [True]
 
 
 async def test_a_stalled_quorum_follower_is_replaced_by_the_first_to_acknowledge(

@@ -90,8 +90,8 @@ class Replication:
             n for n in others if n in connected and n not in full and nxt.get(n, 0) >= first_new
         ]
         if not self.quorum_sends or len(others) < 2:
-            if len(ready) < len(others):
-                return False
+            if len(ready) < len([n for n in others if n not in full]):
+                return False  # (a backed-up one is passed over by the send anyway)
             raft.send_append_entries()
             return True
         need = (len(others) + 1) // 2
