@@ -10,10 +10,11 @@ from typing import Any
 
 import msgpack
 
+from raftq.cluster import topics
 from raftq.cluster.dedup import ENTRY, key_digest
 from raftq.cluster.keys import DenseRun, _expand, _stretches
 from raftq.cluster.msgindex import GONE
-from raftq.cluster.state import Broker, _age_due
+from raftq.cluster.state import Broker
 
 T0 = 1_700_000_000_000  # ms
 
@@ -104,7 +105,7 @@ def check_invariants(b: Broker) -> None:
         nxt = t.dedup.next_expiry()
         if nxt is not None:
             assert b._dedup_expiry.at[t.name] <= nxt, t.name
-        age_due = _age_due(t)
+        age_due = topics.age_due(t)
         if age_due is not None:
             assert b._aging.at[t.name] <= age_due, t.name
 

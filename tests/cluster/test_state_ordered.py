@@ -14,7 +14,7 @@ from state_harness import (  # type: ignore[import-not-found]
 )
 
 from raftq.cluster import errors as E
-from raftq.cluster import state
+from raftq.cluster import topics
 from raftq.cluster.state import Broker
 
 
@@ -175,7 +175,7 @@ def test_turning_ordered_off_and_on_keeps_every_message(h: Harness) -> None:
 def test_a_receive_sets_aside_a_bounded_number_of_blocked_messages(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(state, "MAX_BLOCKED_PER_RECEIVE", 3)
+    monkeypatch.setattr(topics, "MAX_BLOCKED_PER_RECEIVE", 3)
     ordered(h)
     pub(h, ("k", b"0"))
     recv(h)

@@ -7,16 +7,8 @@ same commands reaches byte-identical ``snapshot()`` output. Never iterate a ``se
 could change state or output: string hashes differ between processes; dicts keep insertion order,
 which replicas share, and everything else is sorted.
 
-Per group, a message is in exactly one state:
-
-- *fresh*: ``seq >= cursor``, not in ``skip``, and (below the group's ``pin``) still retained
-  (pending, never delivered; ``fresh`` counts them);
-- *held*: in ``held`` (``seq -> attempts so far``), and then exactly one of in flight
-  (``inflight``), delayed (``delayed``) or ready for redelivery (queued in ``ready``; in an
-  ordered group a keyed one is queued only once it is first of its key: see ``kq`` and the
-  "ordered groups" section). The time of its first delivery (``first_received_at``) is in
-  its inflight entry while in flight, else in ``first`` (a failed one waiting to go again);
-- *settled*: everything else (acked, dead-lettered, dropped, or not addressed to this group).
+A topic and its groups are ``topics.Topic`` and ``topics.Group``; ``topics.py`` also says which
+state a message is in per group, and keeps the bookkeeping of ordered groups.
 
 Payloads and headers live in the ``store`` (``segstore.SegmentStore``; without one given, an
 in-memory one over ``memdisk.MemDisk``), one stream per topic incarnation (``Topic.key``,
@@ -52,16 +44,13 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import os
-from bisect import bisect_left
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgpack
 
+from raftq.cluster import snapshot
 from raftq.cluster import validate as v
-from raftq.cluster.dedup import DedupKeys
 from raftq.cluster.errors import (
     BrokerError,
     GroupExists,
@@ -78,28 +67,25 @@ from raftq.cluster.errors import (
     TopicNotFound,
 )
 from raftq.cluster.grants import check_grants, check_patterns, matches
-from raftq.cluster.keys import TopicKeys
 from raftq.cluster.memdisk import MemDisk
 from raftq.cluster.msgindex import GONE, MsgIndex
-from raftq.cluster.segstore import Marks, SegmentStore, files_of
+from raftq.cluster.segstore import Marks, SegmentStore
 from raftq.cluster.storage import StorageError
+from raftq.cluster.topics import (
+    GROUP_COUNTERS,
+    TOPIC_COUNTERS,
+    Group,
+    Topic,
+    advance_cursor,
+    age_due,
+    due_ordered,
+    is_head,
+    reorder,
+    skip_to_end,
+    take_ordered,
+    unqueue,
+)
 
-# 2: topics carry their running publish delays; 3: dedup keys per publish; 4: API tokens,
-# written only when there is one (else 3, which nodes without tokens can still install);
-# 5: ordering keys, ordered groups, topic labels and first-receive times, written only when one
-# of them is in the state (else 3 or 4); 6: cluster settings (max_retained_bytes), written only
-# while one is set (else 3, 4 or 5); 7: payloads in the segment store (issue 22): per topic its
-# stream key, index dump, ordering keys, count and bytes instead of the messages, plus the
-# store's marks and ``next_stream``; 8: idempotency keys as digests (per topic, dedup rows
-# ``[expires_at, 16-byte digests joined, seqs]``, ``DedupKeys.dump``: the first seq when they
-# are consecutive, else little-endian int64 bytes)
-# instead of ``[expires_at, keys, seqs]``; always written (v2-v7 are read and converted: their
-# keys are hashed, v2-v6 also their messages moved into the store); 9: a topic's dedup is
-# ``[v8 rows, high, legacy_until, records]`` (``TopicKeys.dump``: producers' numbered keys
-# as runs of seqs and expiries; a v8 topic's keys stay digests, asked by a miss in a record
-# until they expired).
-SNAPSHOT_VERSION = 9
-READABLE_SNAPSHOTS = (2, 3, 4, 5, 6, 7, 8, 9)
 DEFAULT_GROUP = v.DEFAULT_GROUP
 DLQ_PREFIX = "x-raftq-dlq-"
 REDRIVE_HEADER = "x-raftq-redrives"
@@ -120,9 +106,6 @@ MEM_STORE_DIR = "/raftq-mem/store"  # the directory name of a Broker's in-memory
 # An in-memory store has nothing durable to wait for: its retired segments go once the batch
 # that retired them is read (``commit`` of every epoch there will ever be).
 MEM_COMMIT = 1 << 62
-# At most this many fresh messages an ordered group's receive sets aside because their key is
-# held (see ``Broker._take_ordered``): bounds the work of one receive behind a hot key.
-MAX_BLOCKED_PER_RECEIVE = 10_000
 
 
 def mem_store() -> SegmentStore:
@@ -130,140 +113,6 @@ def mem_store() -> SegmentStore:
     store = SegmentStore(MemDisk(), MEM_STORE_DIR)
     store.truncate_to([])
     return store
-
-
-class Group:
-    __slots__ = (
-        "by_consumer",
-        "config",
-        "counters",
-        "cursor",
-        "delayed",
-        "first",
-        "fresh",
-        "held",
-        "inflight",
-        "kq",
-        "name",
-        "pin",
-        "ready",
-        "skip",
-    )
-
-    def __init__(self, name: str, config: dict[str, Any], cursor: int) -> None:
-        self.name = name
-        self.config = config
-        self.cursor = cursor
-        # The group is counted in a message's refs only from ``pin`` on; a group created with
-        # start=earliest pins the older messages instead (see ``Broker._settle``).
-        self.pin = cursor
-        self.fresh = 0  # how many messages are fresh
-        self.skip: set[int] = set()
-        self.held: dict[int, int] = {}
-        # seq -> [consumer, mac, deadline_ms, first_received_at_ms]
-        self.inflight: dict[int, list[Any]] = {}
-        self.delayed: dict[int, int] = {}
-        self.ready: deque[int] = deque()
-        self.by_consumer: dict[str, dict[int, None]] = {}
-        self.counters: dict[str, int] = dict.fromkeys(GROUP_COUNTERS, 0)
-        # seq -> now of its first delivery (first_received_at), for the held messages that
-        # were delivered and are not in flight (in flight, it is in their inflight entry).
-        self.first: dict[int, int] = {}
-        # Ordered groups only (else None): ordering key -> its held seqs, sorted; a key is in
-        # it only while it has held messages. Only a key's first held seq ever sits in
-        # ``ready`` (see ``Broker._take_ordered``).
-        self.kq: dict[str, list[int]] | None = {} if config.get("ordered") else None
-
-    def is_ready(self, seq: int) -> bool:
-        return seq in self.held and seq not in self.inflight and seq not in self.delayed
-
-
-GROUP_COUNTERS = (
-    "delivered",
-    "redelivered",
-    "acked",
-    "nacked",
-    "timed_out",
-    "released",
-    "dead_lettered",
-    "dropped",
-    "purged",
-)
-TOPIC_COUNTERS = ("published", "duplicates", "dropped_overflow", "expired", "purged")
-
-
-class Topic:
-    __slots__ = (
-        "_bytes",
-        "_total",
-        "config",
-        "count",
-        "counters",
-        "created_at",
-        "dedup",
-        "groups",
-        "index",
-        "key",
-        "name",
-        "next_seq",
-        "okeys",
-        "pinned",
-        "publish_delays",
-    )
-
-    def __init__(
-        self, name: str, config: dict[str, Any], created_at: int, total: list[int], key: str
-    ) -> None:
-        self.name = name
-        self.key = key  # its stream in the store: f"{name}.{n}", never reused
-        self.config = config
-        self.created_at = created_at
-        # ``bytes`` (payload bytes retained) is a property that keeps ``total[0]``, the sum over
-        # every topic of the Broker (its retained-bytes limit), in step wherever it changes.
-        self._total = total
-        self._bytes = 0
-        self.next_seq = 1  # (== index.next_seq, kept as a plain attribute: read everywhere)
-        # Per retained message: its record in the store, sizes, publish time and refs (how
-        # many groups have yet to settle it; msgindex.GONE once it left).
-        self.index = MsgIndex(1)
-        self.okeys: dict[int, str] = {}  # seq -> ordering key, for retained ones with a key
-        self.count = 0
-        self.groups: dict[str, Group] = {}
-        # Idempotency keys seen within the dedup window -> seq (``keys.TopicKeys``:
-        # producers' numbered keys in runs, 16 B a key; the others as digests, ~50 B a key,
-        # ``dedup.DedupKeys``). No Python object per key; they expire per publish command.
-        self.dedup = TopicKeys()
-        self.counters: dict[str, int] = dict.fromkeys(TOPIC_COUNTERS, 0)
-        self.pinned: list[Group] = []  # groups whose pin is above the oldest retained seq
-        # seq -> due of messages published with a delay that may not be due yet, so that a
-        # group created later with start=earliest delays them too (pruned when due).
-        self.publish_delays: dict[int, int] = {}
-
-    @property
-    def bytes(self) -> int:
-        return self._bytes
-
-    @bytes.setter
-    def bytes(self, value: int) -> None:
-        self._total[0] += value - self._bytes
-        self._bytes = value
-
-    def has(self, seq: int) -> bool:
-        """Is message ``seq`` retained?"""
-        return self.index.retained(seq)
-
-    def published_at(self, seq: int) -> int | None:
-        got = self.index.get(seq)
-        return None if got is None else got[3]
-
-    def oldest_seq(self) -> int:
-        return self.index.oldest_seq()
-
-    def trimmed(self) -> None:
-        """The gone prefix may have moved (the index trims itself): unpin groups below it."""
-        if self.pinned:
-            oldest = self.index.oldest_seq()
-            self.pinned = [g for g in self.pinned if g.pin > oldest]
 
 
 def _group(topic: Topic, name: Any) -> Group:
@@ -286,19 +135,6 @@ def _pinned_elsewhere(t: Topic, g: Group, seq: int) -> bool:
         ):
             return True
     return False
-
-
-def _advance_cursor(g: Group, to: int) -> None:
-    """Move the cursor up to ``to`` (everything below it has left the topic), keeping
-    ``skip`` within ``[cursor, next_seq)``; costs at most the distance moved."""
-    skip = g.skip
-    if skip:
-        if to - g.cursor <= len(skip):
-            for s in range(g.cursor, to):
-                skip.discard(s)
-        else:
-            g.skip = {s for s in skip if s >= to}
-    g.cursor = to
 
 
 def _plain_publishes(cmds: list[Any], i: int) -> int:
@@ -328,14 +164,6 @@ def _plain_publishes(cmds: list[Any], i: int) -> int:
             break
         j += 1
     return j
-
-
-def _skip_to_end(t: Topic, g: Group) -> None:
-    """``g`` has nothing fresh: move its cursor to the end instead of keeping ``skip`` entries
-    for messages it will never take fresh (held ones may sit below the cursor). Without this a
-    group whose messages all come delayed, or a caught-up group beside redrives to another,
-    grew ``skip`` (and every snapshot) by one entry per message, for ever."""
-    _advance_cursor(g, t.next_seq)
 
 
 def _config(cmd: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -418,15 +246,6 @@ class _Expiry:
             del at[name]
             self.note(name, actual)
         return None
-
-
-def _age_due(t: Topic) -> int | None:
-    """When the oldest retained message of ``t`` outlives ``max_age``, if it has both."""
-    max_age = t.config["max_age"]
-    if max_age is None or not t.count:
-        return None
-    at = t.published_at(t.oldest_seq())
-    return None if at is None else at + round(max_age * 1000)
 
 
 def _now(now: Any) -> int:
@@ -606,7 +425,7 @@ class Broker:
                         g.ready.append(seq)
                     else:
                         assert t is not None
-                        _due_ordered(t, g, seq)
+                        due_ordered(t, g, seq)
         topics = self.topics
         if self._dedup_expiry.heap and self._dedup_expiry.heap[0][0] <= now:
             for name in self._dedup_expiry.pop_due(now):
@@ -649,7 +468,7 @@ class Broker:
                     break
                 t.counters["expired"] += 1
                 self._remove(t, seq)
-        self._aging.note(t.name, _age_due(t))
+        self._aging.note(t.name, age_due(t))
 
     def next_due(self) -> int | None:
         """Earliest time (ms) at which a tick would change something; a hint for the leader.
@@ -668,7 +487,7 @@ class Broker:
         if dq:
             cands.append(dq[0][0])
         topics = self.topics
-        aged = self._aging.first(lambda name: _age_due(topics[name]))
+        aged = self._aging.first(lambda name: age_due(topics[name]))
         if aged is not None:
             cands.append(aged)
         return min(cands) if cands else None
@@ -716,7 +535,7 @@ class Broker:
     def _op_update_topic(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
         t = self._topic(cmd)
         t.config = v.topic_config(_config(cmd), t.config)
-        self._aging.note(t.name, _age_due(t))  # a shorter max_age: due earlier
+        self._aging.note(t.name, age_due(t))  # a shorter max_age: due earlier
         return {"topic": t.name, "config": v.config_out(t.config, v.TOPIC_OPTIONAL)}
 
     def _op_delete_topic(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -774,7 +593,7 @@ class Broker:
         g = _group(t, cmd.get("group"))
         g.config = v.group_config(t.name, _config(cmd), g.config)
         if (g.kq is None) == bool(g.config.get("ordered")):
-            _reorder(t, g)
+            reorder(t, g)
         return {"topic": t.name, "group": g.name, "config": _group_config_out(g)}
 
     def _op_delete_group(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -941,7 +760,7 @@ class Broker:
         for g in groups:
             g.fresh += n_fresh
             if not g.fresh and g.skip:
-                _skip_to_end(t, g)
+                skip_to_end(t, g)
         t.count += n
         t.bytes += add_bytes
         t.counters["published"] += n
@@ -949,7 +768,7 @@ class Broker:
         if over:
             self._enforce_limits(t)
         if cfg["max_age"] is not None:
-            self._aging.note(t.name, _age_due(t))
+            self._aging.note(t.name, age_due(t))
         return {"topic": t.name, "messages": results}
 
     def _publish_run(self, cmds: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
@@ -1049,7 +868,7 @@ class Broker:
         t.counters["published"] += n
         t.counters["duplicates"] += len(cmds) - n
         if cfg["max_age"] is not None:
-            self._aging.note(name, _age_due(t))
+            self._aging.note(name, age_due(t))
         self.applied_commands += len(cmds)
         return out
 
@@ -1104,7 +923,7 @@ class Broker:
             oldest = t.oldest_seq()
             for g in t.groups.values():
                 if g.cursor < oldest:
-                    _advance_cursor(g, oldest)
+                    advance_cursor(g, oldest)
 
     def _free(self, t: Topic, seq: int) -> None:
         """Message ``seq`` leaves the topic: out of the index, its record freed in the store."""
@@ -1189,7 +1008,7 @@ class Broker:
         if g.first:
             g.first.pop(seq, None)
         if g.kq is not None:
-            _unqueue(t, g, seq)
+            unqueue(t, g, seq)
 
     def _unbind(self, t: Topic, g: Group, consumer: str, seq: int) -> None:
         seqs = g.by_consumer[consumer]
@@ -1225,7 +1044,7 @@ class Broker:
         held, inflight, ready = g.held, g.inflight, g.ready
         seqs: list[int] = []
         if g.kq is not None:
-            _take_ordered(t, g, n, seqs)
+            take_ordered(t, g, n, seqs)
         else:
             while ready and len(seqs) < n:
                 seq = ready.popleft()
@@ -1455,7 +1274,7 @@ class Broker:
             due = self.now + delay_ms
             g.delayed[seq] = due
             heapq.heappush(self._delays, (due, t.name, g.name, (seq,)))
-        elif g.kq is None or _is_head(t, g, seq):
+        elif g.kq is None or is_head(t, g, seq):
             g.ready.append(seq)
         return 0
 
@@ -1506,7 +1325,7 @@ class Broker:
         if d.config["overflow"] == "drop_oldest":
             self._enforce_limits(d)
         if d.config["max_age"] is not None:
-            self._aging.note(d.name, _age_due(d))
+            self._aging.note(d.name, age_due(d))
 
     # ------------------------------------------------------------------ admin
 
@@ -1589,11 +1408,11 @@ class Broker:
             if g.name != group:
                 g.skip.add(seq)
                 if not g.fresh:
-                    _skip_to_end(t, g)
+                    skip_to_end(t, g)
             else:
                 g.fresh += 1
         if t.config["max_age"] is not None:
-            self._aging.note(t.name, _age_due(t))
+            self._aging.note(t.name, age_due(t))
 
     # ------------------------------------------------------------------ store compaction
 
@@ -1855,29 +1674,15 @@ class Broker:
     def digest(self) -> str:
         """A short fingerprint of the whole state, the store's marks included; equal on
         replicas that applied the same log."""
-        snap = self._snapshot(self.store.marks()[1], inline=False)
+        snap = snapshot.dump(self, self.store.marks()[1], inline=False)
         return hashlib.blake2b(snap, digest_size=16).hexdigest()
 
     # ------------------------------------------------------------------ snapshot
 
     def snapshot_cost(self) -> int:
-        """About how long ``snapshot`` takes, in microseconds (measured on the 2-core box,
-        ``bench/snapshot_cost.py``: ~1.2 us an in-flight, held, delayed or skipped delivery or
-        delayed or ordered message, ~0.02-0.08 an idempotency key and ~3 an expiry row of them (one
-        a publish at worst), ~0.006 a retained message; high
-        rather than low: garbage collections make the first kind cost 0.3-1.2 us), so
-        the binding can serialize a light state in place instead of forking a writer. Walks
-        topics and groups, not messages."""
-        items = 0  # (each ~1.2 us)
-        cost = 100 + 2 * len(self._tokens)
-        for t in self.topics.values():
-            items += len(t.okeys) + len(t.publish_delays)
-            cost += 20 + len(t.dedup) // 12 + 3 * t.dedup.pieces() + t.count // 150
-            for g in t.groups.values():
-                items += len(g.skip) + len(g.held) + len(g.inflight) + len(g.delayed)
-                items += len(g.first) + len(g.ready)
-                cost += 20
-        return cost + (6 * items) // 5
+        """About how long ``snapshot`` takes, in microseconds (``snapshot.cost``), so the
+        binding can serialize a light state in place instead of forking a writer."""
+        return snapshot.cost(self)
 
     def snapshot(self, marks: Marks | None = None) -> bytes:
         """v9: metadata only, no payloads. ``marks``: the store's, taken by the binding
@@ -1889,86 +1694,13 @@ class Broker:
         an in-memory store first (only there: a store on disk gets them by transfer)."""
         if marks is None:
             marks = self.store.marks()[1]
-        return self._snapshot(marks, isinstance(self.store.disk, MemDisk))
-
-    def _snapshot(self, marks: Marks, inline: bool) -> bytes:
-        topics: list[list[Any]] = []
-        for t in self.topics.values():
-            groups = [
-                [
-                    g.name,
-                    g.config,
-                    g.cursor,
-                    g.pin,
-                    g.fresh,
-                    sorted(g.skip),
-                    list(g.held.items()),
-                    [[s, *e] for s, e in g.inflight.items()],
-                    list(g.delayed.items()),
-                    [s for s in g.ready if g.is_ready(s)],
-                    [g.counters[k] for k in GROUP_COUNTERS],
-                    list(g.first.items()),
-                ]
-                for g in t.groups.values()
-            ]
-            topics.append(
-                [
-                    t.name,
-                    t.config,
-                    t.created_at,
-                    t.next_seq,
-                    t.key,
-                    t.index.dump(),
-                    sorted(t.okeys.items()),
-                    t.count,
-                    t.bytes,
-                    t.dedup.dump(),
-                    [t.counters[k] for k in TOPIC_COUNTERS],
-                    groups,
-                    list(t.publish_delays.items()),
-                ]
-            )
-        tokens = [
-            [
-                tid,
-                r["name"],
-                r["hash"],
-                [[g["topics"], g["actions"]] for g in r["grants"]],
-                r["cluster"],
-                r["expires_at"],
-                r["disabled"],
-                r["created_at"],
-            ]
-            for tid, r in sorted(self._tokens.items())
-        ]
-        head = [SNAPSHOT_VERSION, self.now, self.applied_commands, topics, tokens, self._keyed]
-        out = [*head, self.settings, marks, self.next_stream]
-        if inline:
-            out.append(self._segment_bytes(marks))
-        return msgpack.packb(out, use_bin_type=True)
-
-    def _segment_bytes(self, marks: Marks) -> list[list[Any]]:
-        disk, directory = self.store.disk, self.store.dir
-        out = []
-        sizes = [s[1] for _, _, segs in marks for s in segs]
-        for name, size in zip(files_of(marks), sizes, strict=True):
-            data = disk.read(os.path.join(directory, name)) or b""
-            out.append([name, data[:size]])
-        return out
+        return snapshot.dump(self, marks, isinstance(self.store.disk, MemDisk))
 
     @staticmethod
     def snapshot_marks(data: bytes) -> Marks:
         """The store marks a snapshot names (``[]`` for one older than v7): the segments a
         transfer of it exports."""
-        try:
-            obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
-            version = obj[0]
-        except Exception as e:
-            raise ValueError(f"not a raftq snapshot: {e!r}") from e
-        if version not in READABLE_SNAPSHOTS:
-            raise ValueError(f"unsupported snapshot version {version!r}")
-        marks: Marks = obj[7] if version >= 7 else []
-        return marks
+        return snapshot.marks_of(data)
 
     def restore(self, data: bytes) -> None:
         """Replace the whole state with a snapshot's. v7-v9: the store is cut back to the
@@ -1983,170 +1715,17 @@ class Broker:
             version = obj[0]
         except Exception as e:
             raise ValueError(f"not a raftq snapshot: {e!r}") from e
-        if version not in READABLE_SNAPSHOTS:
+        if version not in snapshot.READABLE_SNAPSHOTS:
             raise ValueError(f"unsupported snapshot version {version!r}")
         try:
             fresh = Broker(self.store)
-            fresh._load(obj)
+            snapshot.load(fresh, obj)
         except StorageError:
             raise
         except Exception as e:
             raise ValueError(f"corrupt snapshot: {e!r}") from e
+        fresh._deadlines_limit = 2 * len(fresh._deadlines) + COMPACT_SLACK
         self.__dict__.update(fresh.__dict__)
-
-    def _load(self, obj: Any) -> None:
-        marks: Any = None
-        if obj[0] >= 7:
-            (
-                version, self.now, self.applied_commands, topics, tokens, self._keyed, settings,
-                marks, self.next_stream, *inline,
-            ) = obj  # fmt: skip
-            self.settings = v.cluster_settings(settings, {})
-            if inline and isinstance(self.store.disk, MemDisk):
-                for name, data in inline[0]:
-                    f = self.store.disk.create(os.path.join(self.store.dir, name))
-                    f.write(data)
-        elif obj[0] == 6:
-            version, self.now, self.applied_commands, topics, tokens, self._keyed, settings = obj
-            self.settings = v.cluster_settings(settings, {})
-        elif obj[0] == 5:
-            version, self.now, self.applied_commands, topics, tokens, self._keyed = obj
-        elif obj[0] == 4:
-            version, self.now, self.applied_commands, topics, tokens = obj
-        else:
-            version, self.now, self.applied_commands, topics = obj
-            tokens = ()
-        for tid, name, digest, grants, cluster, expires_at, disabled, created_at in tokens:
-            if tid in self._tokens or name in self._token_names:
-                raise ValueError(f"token {tid!r} or name {name!r} given twice")
-            self._tokens[tid] = {
-                "id": tid,
-                "name": name,
-                "hash": digest,
-                "grants": [{"topics": p, "actions": list(a)} for p, a in grants],
-                "cluster": cluster,
-                "expires_at": expires_at,
-                "disabled": disabled,
-                "created_at": created_at,
-            }
-            self._token_names[name] = tid
-        self.store.truncate_to(marks if marks is not None else [])
-        for row in topics:
-            if version >= 7:
-                (
-                    name, config, created_at, next_seq, key, dump, okeys, count, nbytes, dedup,
-                    tc, groups, delays,
-                ) = row  # fmt: skip
-                t = Topic(name, dict(config), created_at, self._retained, key)
-                t.index = MsgIndex.restore(list(dump), self.store.columns(key))
-                t.okeys = dict(okeys)
-                t.count, t.bytes = count, nbytes
-            else:
-                name, config, created_at, next_seq, first_seq, msgs, refs, dedup, tc, groups, delays = row  # fmt: skip  # noqa: E501
-                t = Topic(
-                    name, dict(config), created_at, self._retained, f"{name}.{self.next_stream}"
-                )
-                self.next_stream += 1
-                self._convert(t, first_seq, msgs, refs)
-            t.next_seq = next_seq
-            if t.index.next_seq != next_seq:
-                raise ValueError(
-                    f"topic {name!r}: index ends at {t.index.next_seq}, not {next_seq}"
-                )
-            self._load_topic(t, version, dedup, tc, groups, delays)
-        heapq.heapify(self._deadlines)
-        heapq.heapify(self._delays)
-        self._deadlines_limit = 2 * len(self._deadlines) + COMPACT_SLACK
-
-    def _convert(self, t: Topic, first_seq: int, msgs: Any, refs: Any) -> None:
-        """A v2-v6 topic's messages into the store, in seq order, and its index."""
-        ix = t.index = MsgIndex(first_seq)
-        for i, m in enumerate(msgs):
-            if m is None:
-                ix.append(GONE, 0, 0, 0, GONE)
-                continue
-            seq = first_seq + i
-            loc, length = self.store.append(t.key, seq, m[1], m[0], m[2])
-            ix.append(loc, length, len(m[0]), m[1], refs[i])
-            if len(m) > 3:
-                t.okeys[seq] = m[3]
-            t.count += 1
-            t.bytes += len(m[0])
-        ix.trim()
-
-    def _load_topic(
-        self, t: Topic, version: int, dedup: Any, tc: Any, groups: Any, delays: Any
-    ) -> None:
-        name = t.name
-        if version == 2:  # one [key, seq, expires_at] row per key
-            by_exp: dict[int, tuple[list[str], list[int]]] = {}
-            for k, s, e in dedup:
-                row = by_exp.setdefault(e, ([], []))
-                row[0].append(k)
-                row[1].append(s)
-            dedup = [(e, keys, seqs) for e, (keys, seqs) in by_exp.items()]
-        if version >= 9:  # [rows, records]
-            t.dedup = TopicKeys.restore(dedup)
-        elif version == 8:  # [expires_at, digests, seqs] rows
-            t.dedup = TopicKeys(DedupKeys.restore(dedup))
-        else:  # [expires_at, keys, seqs]: the keys are hashed (the upgrade)
-            t.dedup = TopicKeys.from_keys(dedup)
-        t.counters = dict(zip(TOPIC_COUNTERS, tc, strict=True))
-        for s, due in delays:
-            t.publish_delays[s] = due
-            self._delays.append((due, name, "", (s,)))
-        for grow in groups:
-            if version >= 5:
-                (
-                    gname,
-                    gcfg,
-                    cursor,
-                    pin,
-                    fresh,
-                    skip,
-                    held,
-                    inflight,
-                    delayed,
-                    ready,
-                    gc,
-                    fr,
-                ) = grow
-            else:
-                gname, gcfg, cursor, pin, fresh, skip, held, inflight, delayed, ready, gc = grow
-                fr = ()
-            gcfg = dict(gcfg)
-            gcfg["backoff"] = list(gcfg["backoff"])
-            g = Group(gname, gcfg, cursor)
-            g.pin, g.fresh = pin, fresh
-            g.skip = set(skip)
-            g.held = dict(held)
-            for s, consumer, mac, deadline, *f in inflight:
-                # (an older snapshot has no first-receive times: the snapshot's now)
-                g.inflight[s] = [consumer, mac, deadline, f[0] if f else self.now]
-                g.by_consumer.setdefault(consumer, {})[s] = None
-                self._consumers.setdefault(consumer, {})[(name, gname)] = None
-                self._deadlines.append((deadline, name, gname, (s,)))
-            for s, due in delayed:
-                g.delayed[s] = due
-                self._delays.append((due, name, gname, (s,)))
-            g.ready = deque(ready)
-            g.counters = dict(zip(GROUP_COUNTERS, gc, strict=True))
-            g.first = dict(fr)
-            if version < 5:  # (no first-receive times: the snapshot's now, as above)
-                for s, attempts in g.held.items():
-                    if attempts and s not in g.inflight:
-                        g.first[s] = self.now
-            t.groups[gname] = g
-        oldest = t.oldest_seq()
-        t.pinned = [g for g in t.groups.values() if g.pin > oldest]
-        for g in t.groups.values():
-            if g.kq is not None:
-                _reorder(t, g)
-        self.topics[name] = t
-        self._aging.note(name, _age_due(t))
-        nxt = t.dedup.next_expiry()
-        if nxt is not None:
-            self._dedup_expiry.note(name, nxt)
 
 
 def _token_view(rec: dict[str, Any]) -> dict[str, Any]:
@@ -2165,148 +1744,6 @@ def _token_view(rec: dict[str, Any]) -> dict[str, Any]:
 def _group_config_out(g: Group) -> dict[str, Any]:
     """A copy: results leave the state machine and must not alias its state."""
     return v.config_out(g.config, v.GROUP_OPTIONAL)
-
-
-# ---------------------------------------------------------------------- ordered groups
-#
-# A group with ``ordered: true`` delivers the messages of one ordering key one held run at a
-# time, in seq order: a message is delivered only when every held message of its key with a
-# lower seq is delivered in the same receive. ``Group.kq`` maps each key with held messages
-# to its held seqs, sorted; only a key's first held seq is ever queued in ``ready`` (when it is
-# ready), and taking it takes the ready run behind it too. A fresh message whose key has an
-# earlier held one is not delivered when the cursor passes it: it becomes held with 0
-# attempts, ready but queued behind its key (blocked), and is queued in ``ready`` once it is
-# first of its key. So the cursor passes each message once, a receive costs O(what it takes +
-# what it blocks), at most MAX_BLOCKED_PER_RECEIVE blocked per receive, and the memory is one
-# held entry per blocked message (the backlog of the held keys), nothing per idle key.
-# Messages without a key behave as in any group. ``kq`` is derived state: rebuilt from
-# ``held`` on restore (``_reorder``), so snapshots do not carry it.
-
-
-def _is_head(t: Topic, g: Group, seq: int) -> bool:
-    """Is ``seq`` first among the held messages of its key (or without a key)?"""
-    key = t.okeys.get(seq)
-    return key is None or g.kq[key][0] == seq  # type: ignore[index]
-
-
-def _unqueue(t: Topic, g: Group, seq: int) -> None:
-    """``seq`` is no longer held by ordered group ``g``: queue the next of its key if ready."""
-    key = t.okeys.get(seq)
-    if key is None:
-        return
-    kq = g.kq
-    assert kq is not None
-    q = kq[key]
-    if q[0] != seq:
-        q.remove(seq)  # (a later one settled first: a receive took several of the key)
-        return
-    del q[0]
-    if not q:
-        del kq[key]
-    elif g.is_ready(q[0]):
-        g.ready.append(q[0])
-
-
-def _due_ordered(t: Topic, g: Group, seq: int) -> None:
-    """The delay of held ``seq`` in ordered group ``g`` ran out."""
-    key = t.okeys.get(seq)
-    if key is None:
-        g.ready.append(seq)
-    elif not g.held[seq] and seq >= g.cursor:
-        # Published with a delay and never delivered, and the cursor is not past it yet: it
-        # turns fresh again, so that the cursor takes it after the earlier fresh ones of its
-        # key (as held it would overtake them).
-        del g.held[seq]
-        g.skip.discard(seq)
-        g.fresh += 1
-        _unqueue(t, g, seq)
-    elif g.kq[key][0] == seq:  # type: ignore[index]
-        g.ready.append(seq)
-
-
-def _take_ordered(t: Topic, g: Group, n: int, seqs: list[int]) -> None:
-    """What a receive of up to ``n`` from ordered group ``g`` takes, appended to ``seqs``
-    (see the section comment above)."""
-    held, inflight, delayed, ready = g.held, g.inflight, g.delayed, g.ready
-    kq = g.kq
-    assert kq is not None
-    took: dict[str, int] = {}  # key -> how many of its first held seqs this receive takes
-    while ready and len(seqs) < n:
-        seq = ready.popleft()
-        if seq not in held or seq in inflight or seq in delayed:
-            continue
-        key = t.okeys.get(seq)
-        if key is None:
-            seqs.append(seq)
-            continue
-        q = kq[key]
-        if q[0] != seq or key in took:
-            continue  # (not first of its key any more: queued again when it is)
-        i = 0
-        while i < len(q) and len(seqs) < n and q[i] not in inflight and q[i] not in delayed:
-            seqs.append(q[i])
-            i += 1
-        took[key] = i
-    left = g.fresh
-    if len(seqs) >= n or not left:
-        return
-    cursor, end, skip = g.cursor, t.next_seq, g.skip
-    blocked = 0
-    while cursor < end and len(seqs) < n and left and blocked < MAX_BLOCKED_PER_RECEIVE:
-        seq = cursor
-        cursor += 1
-        if skip and seq in skip:
-            skip.discard(seq)
-            continue
-        if not t.has(seq):
-            continue  # (below a start=earliest group's pin: gone before it was created)
-        left -= 1
-        key = t.okeys.get(seq)
-        if key is not None:
-            kept = kq.get(key)
-            if kept is None:
-                kq[key] = [seq]
-                took[key] = 1
-            else:
-                q = kept
-                pos = len(q) if q[-1] < seq else bisect_left(q, seq)
-                q.insert(pos, seq)
-                if pos != took.get(key, 0):
-                    held[seq] = 0  # blocked: an earlier one of its key is held
-                    blocked += 1
-                    continue
-                took[key] = pos + 1
-        held[seq] = 0
-        seqs.append(seq)
-    g.cursor = cursor
-    g.fresh = left
-    if not left:
-        _skip_to_end(t, g)  # (else may_deliver would say yes until the next publish)
-
-
-def _reorder(t: Topic, g: Group) -> None:
-    """Turn ``ordered`` on or off as ``g.config`` says, or rebuild ``kq`` after a restore:
-    O(held). Turning it off queues every ready message in ``ready``."""
-    ready = g.ready
-    queued = dict.fromkeys(s for s in ready if g.is_ready(s))  # (in order, once each)
-    if not g.config.get("ordered"):
-        g.kq = None
-        for s in sorted(g.held):
-            if s not in queued and g.is_ready(s):
-                queued[s] = None
-        g.ready = deque(queued)
-        return
-    kq: dict[str, list[int]] = {}
-    for s in sorted(g.held):
-        key = t.okeys.get(s)
-        if key is not None:
-            kq.setdefault(key, []).append(s)
-    g.kq = kq
-    heads = {q[0] for q in kq.values()}
-    keep = [s for s in queued if t.okeys.get(s) is None or s in heads]
-    kept = set(keep)
-    keep += sorted(s for s in heads if s not in kept and g.is_ready(s))
-    g.ready = deque(keep)
 
 
 _HANDLERS: dict[str, Any] = {

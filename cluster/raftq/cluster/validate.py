@@ -50,7 +50,7 @@ TOPIC_OPTIONAL: dict[str, Any] = {"labels": {}}
 GROUP_OPTIONAL: dict[str, Any] = {"ordered": False}
 TOPIC_FIELDS = frozenset([*TOPIC_DEFAULTS, *TOPIC_OPTIONAL])
 # Cluster-wide settings (the ``cluster_settings`` command); null means "no limit". Only the
-# ones set are stored, so a state without any snapshots as before (see state.SNAPSHOT_VERSION).
+# ones set are stored, so a state without any snapshots as before (see snapshot.SNAPSHOT_VERSION).
 CLUSTER_SETTINGS: dict[str, Any] = {"max_retained_bytes": None}
 GROUP_FIELDS = frozenset([*GROUP_DEFAULTS, "dead_letter_topic", *GROUP_OPTIONAL])
 

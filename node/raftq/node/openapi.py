@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from raftq.cluster.grants import MAX_GRANTS, MAX_PATTERNS
-from raftq.cluster.state import GROUP_COUNTERS, TOPIC_COUNTERS
+from raftq.cluster.topics import GROUP_COUNTERS, TOPIC_COUNTERS
 from raftq.cluster.validate import (
     MAX_BACKOFF_STEPS,
     MAX_DELAY_S,
