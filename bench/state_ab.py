@@ -4,13 +4,14 @@
     .venv/bin/python bench/state_ab.py /tmp/base_state.py [--rounds 30] [--batches 300]
 
 Loads the given ``state.py`` as A (its imports of ``raftq.cluster.*`` resolve to this
-checkout's) and this checkout's ``raftq.cluster.state`` as B, then alternates A B / B A over the
-same decoded entries of ``bench/state_machine.py``: publish of 100 x 100 B messages per entry,
-and receive max=100 + ack; then (unless ``--no-keyed``) the same publishes with an
-idempotency key (uuid-shaped) on every message, to a fresh broker each round (so the keys'
-table grows from empty: 30k keys). It keeps each side's least CPU time (``process_time``) over
-the rounds: on a shared VM a rate scatters by 15-40 % from run to run, the best of many paired
-rounds far less. Prints the rates and B/A.
+checkout's: a change to ``topics.py``, ``snapshot.py`` or any other module shows on both sides
+alike, so measure those with ``bench/ab.py``) and this checkout's ``raftq.cluster.state`` as B,
+then alternates A B / B A over the same decoded entries of ``bench/state_machine.py``: publish
+of 100 x 100 B messages per entry, and receive max=100 + ack; then (unless ``--no-keyed``) the
+same publishes with an idempotency key (uuid-shaped) on every message, to a fresh broker each
+round (so the keys' table grows from empty: 30k keys). It keeps each side's least CPU time
+(``process_time``) over the rounds: on a shared VM a rate scatters by 15-40 % from run to run,
+the best of many paired rounds far less. Prints the rates and B/A.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ class Harness:
 
 
 def check_invariants(b: Broker) -> None:
-    """The broker's internal bookkeeping agrees with itself (see state.py's docstring)."""
+    """The broker's internal bookkeeping agrees with itself (see topics.py's docstring)."""
     deadlines = {(d, t, g, s) for d, t, g, seqs in b._deadlines for s in seqs}
     delays = {(d, t, g, s) for d, t, g, seqs in b._delays for s in seqs}
     consumers: dict[str, set[tuple[str, str]]] = {}
@@ -292,7 +292,7 @@ def legacy_snapshot(b: Broker, version: int) -> bytes:
     """``b``'s state in the layout of snapshot ``version`` (3-6): messages with their
     payloads, as nodes before the segment store wrote them."""
     obj = msgpack.unpackb(b.snapshot(), raw=False, strict_map_key=False)
-    _, now, applied, topics, tokens, keyed, settings = obj[:7]
+    _, now, applied, topic_rows, tokens, keyed, settings = obj[:7]
     rows = []
     for (
         name,
@@ -308,7 +308,7 @@ def legacy_snapshot(b: Broker, version: int) -> bytes:
         tc,
         groups,
         delays,
-    ) in topics:
+    ) in topic_rows:
         t = b.topics[name]
         ok = dict(okeys)
         msgs: list[Any] = []

@@ -1,7 +1,8 @@
 """The Broker's snapshot (``state.Broker.snapshot`` / ``restore``): v9 written, v2-v9 read and
 converted. Metadata only: per topic its stream key, index dump, ordering keys, counts,
 idempotency keys and groups; the payloads stay in the store, whose marks the snapshot names
-(the binding's transfer sends the files they name: ``raft/_snapshots.py``).
+(the binding's transfer sends the files they name: ``raft/_snapshots.py``). Only a Broker on
+an in-memory store (no data directory: no files to transfer) inlines those segments' bytes.
 
 Deterministic like apply: the same state gives the same bytes on every replica (dicts in
 insertion order, sets sorted), so ``Broker.digest`` can compare replicas. Reads no clock.
@@ -190,11 +191,11 @@ def load(b: Broker, obj: Any) -> None:
     for row in topics:
         if version >= 7:
             (
-                name, config, created_at, next_seq, key, dump, okeys, count, nbytes, dedup,
+                name, config, created_at, next_seq, key, index, okeys, count, nbytes, dedup,
                 tc, groups, delays,
             ) = row  # fmt: skip
             t = Topic(name, dict(config), created_at, b._retained, key)
-            t.index = MsgIndex.restore(list(dump), b.store.columns(key))
+            t.index = MsgIndex.restore(list(index), b.store.columns(key))
             t.okeys = dict(okeys)
             t.count, t.bytes = count, nbytes
         else:
